@@ -28,30 +28,33 @@ pub(crate) fn catalog(
     let components = component_vocabulary(components.0, components.1, &mut problems);
     let known: HashSet<&str> = components.iter().map(|c| c.id.as_str()).collect();
 
-    let mut by_id: BTreeMap<String, (PathBuf, Deficiency)> = BTreeMap::new();
+    // Ids are checked for duplicates even in files that have other problems.
+    let mut first_file: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut by_id: BTreeMap<String, Deficiency> = BTreeMap::new();
     for (path, text) in files {
-        let Some(def) = deficiency(path, text, &known, &mut problems) else {
-            continue;
-        };
-        if let Some((first, _)) = by_id.get(&def.id) {
+        let (id, def) = deficiency(path, text, &known, &mut problems);
+        let Some(id) = id else { continue };
+        if let Some(first) = first_file.get(&id) {
             problems.push(Problem {
                 file: path.clone(),
                 field: Some("id".into()),
                 reason: format!(
-                    "duplicate id `{}`: already defined in {}",
-                    def.id,
+                    "duplicate id `{id}`: already defined in {}",
                     first.display()
                 ),
             });
             continue;
         }
-        by_id.insert(def.id.clone(), (path.clone(), def));
+        first_file.insert(id.clone(), path.clone());
+        if let Some(def) = def {
+            by_id.insert(id, def);
+        }
     }
 
     let expected = expected_ids();
     let missing: Vec<&str> = expected
         .iter()
-        .filter(|id| !by_id.contains_key(id.as_str()))
+        .filter(|id| !first_file.contains_key(id.as_str()))
         .map(String::as_str)
         .collect();
     // A type whose file failed to parse is reported for that file, not again as missing.
@@ -75,7 +78,7 @@ pub(crate) fn catalog(
     if !problems.is_empty() {
         return Err(problems);
     }
-    let mut deficiencies: Vec<Deficiency> = by_id.into_values().map(|(_, d)| d).collect();
+    let mut deficiencies: Vec<Deficiency> = by_id.into_values().collect();
     deficiencies.sort_by_key(|d| (d.family != Family::Production, d.number()));
     Ok(Catalog {
         deficiencies,
@@ -155,7 +158,7 @@ fn deficiency(
     text: &str,
     known_components: &HashSet<&str>,
     problems: &mut Vec<Problem>,
-) -> Option<Deficiency> {
+) -> (Option<String>, Option<Deficiency>) {
     let before = problems.len();
     let mut report = |field: &str, reason: String| {
         problems.push(Problem {
@@ -168,7 +171,7 @@ fn deficiency(
         Ok(t) => t,
         Err(e) => {
             report("", format!("invalid TOML: {}", one_line(&e.to_string())));
-            return None;
+            return (None, None);
         }
     };
     for key in table.keys() {
@@ -373,20 +376,21 @@ fn deficiency(
         }
     };
 
-    if problems.len() > before {
-        return None;
-    }
-    Some(Deficiency {
-        id: id?,
-        name: name?,
-        category: category?,
-        family: family?,
-        source_framework,
-        manifestation: manifestation?,
-        components,
-        mechanism: one_paragraph(&mechanism?),
-        trace_signature: one_paragraph(&trace_signature?),
-    })
+    let valid = problems.len() == before;
+    let def = (|| {
+        Some(Deficiency {
+            id: id.clone()?,
+            name: name?,
+            category: category?,
+            family: family?,
+            source_framework,
+            manifestation: manifestation?,
+            components,
+            mechanism: one_paragraph(&mechanism?),
+            trace_signature: one_paragraph(&trace_signature?),
+        })
+    })();
+    (id, if valid { def } else { None })
 }
 
 /// Joins a multi-line TOML string into one paragraph.
@@ -400,4 +404,36 @@ fn one_line(text: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn component_ids_are_two_lowercase_parts() {
+        assert!(is_component_id("llm_client.stream"));
+        assert!(is_component_id("tools.schema"));
+        assert!(!is_component_id("tools"));
+        assert!(!is_component_id("tools.schema.extra"));
+        assert!(!is_component_id("Tools.schema"));
+        assert!(!is_component_id("tools."));
+    }
+
+    #[test]
+    fn multi_line_strings_become_one_paragraph() {
+        assert_eq!(one_paragraph("  a \\\n  b\n\nc  "), "a \\ b c");
+        assert_eq!(one_paragraph("one\ntwo"), "one two");
+    }
+
+    #[test]
+    fn a_vocabulary_without_components_is_reported() {
+        let mut problems = Vec::new();
+        let out = component_vocabulary(Path::new("c.toml"), "title = 'x'", &mut problems);
+        assert!(out.is_empty());
+        assert_eq!(
+            problems[0].to_string(),
+            "c.toml: field `component`: missing: expected a list of [[component]] tables"
+        );
+    }
 }
