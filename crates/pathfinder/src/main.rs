@@ -18,6 +18,28 @@ enum Command {
     /// Inspect and validate the deficiency catalog (P1–P27, C1–C23).
     #[command(subcommand)]
     Taxonomy(cli::taxonomy::Command),
+    /// Serve the OpenAI-compatible chat-completions API the agents call (scripted or model).
+    Serve(cli::serve::ServeArgs),
+    /// Investigate a trace with a Detector policy, or run one Detector tool call.
+    Detect(cli::detect::DetectArgs),
+    /// List, validate, materialise and run the target agents locally.
+    Agents(cli::agents::AgentsArgs),
+    /// Fetch model weights into the local cache and chat with a model.
+    #[command(subcommand)]
+    Model(cli::model::Command),
+    /// Import traces into a SQLite store, describe a store for a prompt, export one trace.
+    #[command(subcommand)]
+    Traces(cli::traces::Command),
+    /// Run an agent (clean or injected) on tasks in isolation: a fresh container per episode,
+    /// or the local sandbox when no Docker engine answers.
+    Run(cli::run::RunArgs),
+    /// Plant a deficiency into an agent (template or free-form diff) and show template coverage.
+    Inject(cli::inject::InjectArgs),
+    /// Generate a labelled corpus: clean and injected runs, validation, store, splits.
+    Corpus(cli::corpus::CorpusArgs),
+    /// Score a detector on a labelled store, or a blame baseline on labelled chat logs, with
+    /// bootstrap confidence intervals.
+    Eval(cli::eval::EvalArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +53,15 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Taxonomy(cmd) => cli::taxonomy::run(cmd),
+        Command::Serve(args) => cli::serve::run(args),
+        Command::Detect(args) => cli::detect::run(args),
+        Command::Agents(args) => cli::agents::run(args),
+        Command::Model(cmd) => cli::model::run(cmd),
+        Command::Traces(cmd) => cli::traces::run(cmd),
+        Command::Run(args) => cli::run::run(args),
+        Command::Inject(args) => cli::inject::run(args),
+        Command::Corpus(args) => cli::corpus::run(args),
+        Command::Eval(args) => cli::eval::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

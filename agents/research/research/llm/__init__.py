@@ -1,0 +1,1 @@
+"""The model client: transport (TCP or Unix socket), SSE stream assembly, retries."""

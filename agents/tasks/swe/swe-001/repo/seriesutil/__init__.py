@@ -1,0 +1,1 @@
+"""Small helpers for numeric series."""

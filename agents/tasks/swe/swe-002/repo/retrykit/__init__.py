@@ -1,0 +1,3 @@
+from .policy import RetryPolicy, call_with_retry
+
+__all__ = ["RetryPolicy", "call_with_retry"]

@@ -1,0 +1,1 @@
+from .reader import read_rows, split_row

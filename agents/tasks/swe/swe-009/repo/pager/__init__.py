@@ -1,0 +1,1 @@
+from .pages import page_count, paginate

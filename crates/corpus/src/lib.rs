@@ -1,0 +1,15 @@
+//! `corpus`: consistency validation of injections and generation of labelled trace corpora.
+//!
+//! Sits after `inject`, `agents`, `traces` and `detect` in the data flow: it runs clean and
+//! injected agents (the `agents` crate's local run path against the in-process scripted LLM),
+//! compares their traces on stable features, asks the keyword baseline whether it names the
+//! type, and publishes validated episodes as a store, manifests, splits and JSON Lines.
+
+pub mod features;
+pub mod generate;
+pub mod keyword;
+pub mod validate;
+
+pub use features::{FeatureDiff, TraceFeatures};
+pub use generate::{generate, plan, CorpusError, Finish, GenerateOptions, Manifest, Report};
+pub use validate::{Check, NonTriviality, Validation};

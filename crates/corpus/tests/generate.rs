@@ -1,0 +1,126 @@
+//! Corpus generation end to end on the real toolcaller agent with the inject crate's fixture
+//! templates: validation records, the labelled store, and resume after an interruption.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agents::Workspace;
+use corpus::{generate, Finish, GenerateOptions, Manifest};
+use taxonomy::Catalog;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn options(max_episodes: Option<usize>) -> GenerateOptions {
+    GenerateOptions {
+        agents: vec!["toolcaller".into()],
+        types: vec!["P2".into(), "P24".into()],
+        tasks: 1,
+        seed: 3,
+        holdout_agent: None,
+        templates_dir: root().join("crates/inject/tests/fixtures/templates"),
+        keyword: true,
+        python: "python3".into(),
+        timeout: Duration::from_secs(60),
+        max_episodes,
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[test]
+fn generates_validates_labels_and_resumes_to_the_same_corpus() {
+    let workspace = Workspace::open(&root().join("agents")).unwrap();
+    let catalog = Catalog::embedded().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+
+    // Uninterrupted.
+    let a = tmp.path().join("a");
+    let Finish::Complete(report) =
+        generate(&workspace, &catalog, &options(None), &a, |_, _, _| {}).unwrap()
+    else {
+        panic!("not complete")
+    };
+    assert_eq!(report.episodes, 2);
+    assert_eq!(report.per_type["P2"].valid, 1, "{report:?}");
+    assert_eq!(report.per_type["P24"].failures.get("manifests"), Some(&1));
+
+    let p2_dir = std::fs::read_dir(a.join("episodes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(".P2."))
+        .unwrap();
+    let m: Manifest = serde_json::from_str(&read(&p2_dir.join("manifest.json"))).unwrap();
+    let v = &m.validation;
+    assert!(v.valid && v.applies.passed);
+    assert!(v.runs.as_ref().unwrap().passed);
+    assert!(v.traces.as_ref().unwrap().passed);
+    let diff = v.feature_diff.as_ref().unwrap();
+    assert!(
+        !diff.errors.is_empty(),
+        "P2 makes tool calls fail: {diff:?}"
+    );
+    let nt = v.non_trivial.as_ref().unwrap();
+    assert!(nt.keyword_available, "{}", nt.detail);
+    assert!(nt.keyword_answer.is_some());
+    assert!(m
+        .diff
+        .contains("slot[\"arguments\"] = [function[\"arguments\"]]"));
+    assert_eq!(m.location.as_ref().unwrap().file, "toolcaller/llm.py");
+    assert!(p2_dir.join("artifact/deficiency_type").exists());
+
+    // The store holds the valid episode's trace with its label, and nothing else.
+    let store = traces::Store::open(a.join("store.sqlite")).unwrap();
+    let ids = store.trace_ids().unwrap();
+    assert_eq!(ids.len(), 1);
+    let labels = store.labels(&ids[0]).unwrap();
+    assert_eq!(labels[0].deficiency_id.as_deref(), Some("P2"));
+    assert_eq!(labels[0].component.as_deref(), Some("llm_client.stream"));
+    assert_eq!(labels[0].function.as_deref(), Some("StreamAssembler.feed"));
+    assert_eq!(read(&a.join("corpus.jsonl")).lines().count(), 1);
+    let split_lines: usize = ["train", "val", "test"]
+        .iter()
+        .map(|s| read(&a.join(format!("splits/{s}.jsonl"))).lines().count())
+        .sum();
+    assert_eq!(split_lines, 1);
+
+    // Interrupted after one episode, then killed in the middle of the next (a directory
+    // without a manifest and a half-built store), then resumed.
+    let b = tmp.path().join("b");
+    let first = generate(&workspace, &catalog, &options(Some(1)), &b, |_, _, _| {}).unwrap();
+    assert!(matches!(
+        first,
+        Finish::Interrupted {
+            completed: 1,
+            remaining: 1
+        }
+    ));
+    assert!(!b.join("digest").exists());
+    let plan: serde_json::Value = serde_json::from_str(&read(&b.join("plan.json"))).unwrap();
+    let second_id = plan["episodes"][1]["id"].as_str().unwrap();
+    let partial = b.join("episodes").join(second_id);
+    std::fs::create_dir_all(partial.join("run")).unwrap();
+    std::fs::write(partial.join("run/trace.jsonl"), "{\"half\": ").unwrap();
+    std::fs::write(b.join(".store.sqlite.partial"), "garbage").unwrap();
+    let mut seen = Vec::new();
+    let resumed = generate(&workspace, &catalog, &options(None), &b, |done, _, m| {
+        seen.push((done, m.id.clone()))
+    })
+    .unwrap();
+    assert!(matches!(resumed, Finish::Complete(_)));
+    assert_eq!(
+        seen.len(),
+        2,
+        "the completed episode is reported, not redone"
+    );
+    assert_eq!(read(&a.join("digest")), read(&b.join("digest")));
+
+    // Other options in the same directory are refused.
+    let mut other = options(None);
+    other.seed = 4;
+    let err = generate(&workspace, &catalog, &other, &b, |_, _, _| {}).unwrap_err();
+    assert!(err.to_string().contains("other options"), "{err}");
+}

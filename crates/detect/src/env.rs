@@ -1,0 +1,434 @@
+//! One investigation's environment: the trace under investigation exported read-only into a
+//! private episode directory, schema discovery for the prompt, the query history, and the
+//! tools each agent (main or subagent) calls. Never writes the store: SQL goes through
+//! [`SqlTool`]'s guarded connection, export and discovery through a read-only
+//! [`traces::Store`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::Action;
+use crate::error::{Error, Result};
+use crate::history::{self, QueryHistory};
+use crate::sandbox::{Exit, Sandbox, SandboxLimits};
+use crate::sql::{SqlLimits, SqlRefusal, SqlTool};
+
+/// The Detector's tools that can be switched off (the paper's Table 7 ablations).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ablations {
+    pub no_sql: bool,
+    pub no_shell: bool,
+    pub no_subagents: bool,
+    pub no_schema: bool,
+    pub no_history: bool,
+}
+
+/// Who is acting: the main agent or the n-th subagent (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Main,
+    Subagent(usize),
+}
+
+impl Role {
+    pub fn label(self) -> String {
+        match self {
+            Role::Main => "main".to_string(),
+            Role::Subagent(n) => format!("subagent {n}"),
+        }
+    }
+}
+
+/// Limits and switches of an investigation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Tool output shown to the main agent, in characters (paper: 10K).
+    pub main_output_chars: usize,
+    /// Tool output shown to a subagent (paper: 100K).
+    pub subagent_output_chars: usize,
+    pub main_max_turns: usize,
+    pub subagent_max_turns: usize,
+    /// Tokens (prompt, calls and observations) after which an episode is stopped.
+    pub main_token_budget: usize,
+    pub subagent_token_budget: usize,
+    /// Characters of schema discovery in the system prompt.
+    pub schema_chars: usize,
+    pub sql: SqlLimits,
+    pub sandbox: SandboxLimits,
+    pub ablations: Ablations,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            main_output_chars: 10_000,
+            subagent_output_chars: 100_000,
+            main_max_turns: 24,
+            subagent_max_turns: 12,
+            main_token_budget: 60_000,
+            subagent_token_budget: 120_000,
+            schema_chars: 6_000,
+            sql: SqlLimits::default(),
+            sandbox: SandboxLimits::default(),
+            ablations: Ablations::default(),
+        }
+    }
+}
+
+impl Config {
+    pub fn output_chars(&self, role: Role) -> usize {
+        match role {
+            Role::Main => self.main_output_chars,
+            Role::Subagent(_) => self.subagent_output_chars,
+        }
+    }
+}
+
+/// How a tool call went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    /// A guard refused the call (parser, authorizer, allowlist, disabled tool).
+    Refused,
+    /// The call ran and failed (SQL error, non-zero exit, timeout).
+    Failed,
+    /// The turn's text was not a well-formed call.
+    Malformed,
+}
+
+/// What a policy reads back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    pub text: String,
+    pub status: Status,
+    /// Characters the tool produced before the output cap, when it cut them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_from: Option<usize>,
+}
+
+impl Observation {
+    pub fn new(text: impl Into<String>, status: Status) -> Observation {
+        Observation {
+            text: text.into(),
+            status,
+            cut_from: None,
+        }
+    }
+}
+
+/// Files every episode directory holds.
+pub const TRACE_FILE: &str = "trace.json";
+pub const SPANS_FILE: &str = "spans.jsonl";
+
+/// Everything the agents of one investigation share.
+pub struct Investigation {
+    store_path: PathBuf,
+    trace_id: String,
+    chatlog: bool,
+    schema: Option<String>,
+    config: Config,
+    catalog: Arc<taxonomy::Catalog>,
+    history: Arc<QueryHistory>,
+    history_shared: bool,
+    sandbox: std::result::Result<Sandbox, String>,
+    episode_dir: tempfile::TempDir,
+}
+
+impl Investigation {
+    /// Exports `trace_id` from the store at `store_path` into a fresh episode directory,
+    /// discovers the schema and sets up the sandbox. `shared_history`: a run-wide history
+    /// (else a fresh one for this investigation).
+    pub fn prepare(
+        store_path: &Path,
+        trace_id: &str,
+        config: Config,
+        catalog: Arc<taxonomy::Catalog>,
+        shared_history: Option<Arc<QueryHistory>>,
+    ) -> Result<Investigation> {
+        let store_err = |source| Error::Store {
+            path: store_path.to_path_buf(),
+            source,
+        };
+        let store = traces::Store::open_read_only(store_path).map_err(store_err)?;
+        let trace = match store.trace_json(trace_id) {
+            Ok(t) => t,
+            Err(traces::Error::UnknownTrace(_)) => {
+                return Err(Error::UnknownTrace {
+                    path: store_path.to_path_buf(),
+                    trace_id: trace_id.to_string(),
+                })
+            }
+            Err(e) => return Err(store_err(e)),
+        };
+        let chatlog = trace.get("source_format").and_then(|v| v.as_str()) == Some("chatlog");
+        let episode_dir = tempfile::Builder::new()
+            .prefix("pathfinder-episode-")
+            .tempdir()
+            .map_err(|e| Error::EpisodeDir(e.to_string()))?;
+        let staging = episode_dir.path().join(".export");
+        let exported = store.export_trace(trace_id, &staging).map_err(store_err)?;
+        let move_in = |from: &Path, name: &str| {
+            std::fs::rename(from, episode_dir.path().join(name))
+                .map_err(|e| Error::EpisodeDir(format!("{}: {e}", from.display())))
+        };
+        move_in(&exported.trace_json, TRACE_FILE)?;
+        move_in(&exported.spans_jsonl, SPANS_FILE)?;
+        std::fs::remove_dir_all(&staging).map_err(|e| Error::EpisodeDir(e.to_string()))?;
+        let schema = if config.ablations.no_schema {
+            None
+        } else {
+            Some(
+                traces::schema::discover(store.connection(), config.schema_chars)
+                    .map_err(store_err)?,
+            )
+        };
+        let sandbox = if config.ablations.no_shell {
+            Err("the bash tool is disabled in this run".to_string())
+        } else {
+            Sandbox::new(episode_dir.path(), config.sandbox).map_err(|e| e.to_string())
+        };
+        if let Err(reason) = &sandbox {
+            tracing::warn!("bash tool unavailable: {reason}");
+        }
+        let history_shared = shared_history.is_some();
+        Ok(Investigation {
+            store_path: store_path.to_path_buf(),
+            trace_id: trace_id.to_string(),
+            chatlog,
+            schema,
+            config,
+            catalog,
+            history: shared_history.unwrap_or_default(),
+            history_shared,
+            sandbox,
+            episode_dir,
+        })
+    }
+
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+    pub fn store_path(&self) -> &Path {
+        &self.store_path
+    }
+    /// Whether the trace is a multi-agent chat log (answers may name agent and step).
+    pub fn is_chatlog(&self) -> bool {
+        self.chatlog
+    }
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn catalog(&self) -> &taxonomy::Catalog {
+        &self.catalog
+    }
+    pub fn history(&self) -> &QueryHistory {
+        &self.history
+    }
+    pub fn episode_dir(&self) -> &Path {
+        self.episode_dir.path()
+    }
+    /// The sandbox, or why the bash tool cannot run.
+    pub fn sandbox(&self) -> std::result::Result<&Sandbox, &str> {
+        self.sandbox.as_ref().map_err(String::as_str)
+    }
+
+    /// The tools of one agent: its own SQL connection, the shared sandbox and history.
+    pub fn tools(self: &Arc<Self>, role: Role) -> Result<AgentTools> {
+        let sql = if self.config.ablations.no_sql {
+            None
+        } else {
+            let mut limits = self.config.sql;
+            if let Role::Subagent(_) = role {
+                limits.rows *= 10;
+                limits.cell_chars *= 10;
+            }
+            Some(SqlTool::open(&self.store_path, limits)?)
+        };
+        Ok(AgentTools {
+            inv: Arc::clone(self),
+            role,
+            sql,
+        })
+    }
+}
+
+/// One agent's tools.
+pub struct AgentTools {
+    inv: Arc<Investigation>,
+    role: Role,
+    sql: Option<SqlTool>,
+}
+
+impl AgentTools {
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Runs a `sql`, `bash` or `history` call (delegation and answers belong to the episode).
+    /// Records the exchange in the query history and applies the role's output cap.
+    pub fn execute(&self, action: &Action) -> Observation {
+        let obs = match action {
+            Action::Sql { query } => self.sql(query),
+            Action::Bash { pipeline } => self.bash(pipeline),
+            Action::History { question, window } => {
+                if self.inv.config.ablations.no_history {
+                    Observation::new("the history tool is disabled in this run", Status::Refused)
+                } else {
+                    let scope = (!self.inv.history_shared).then_some(self.inv.trace_id.as_str());
+                    let found = self.inv.history.lookup(question, *window, scope);
+                    Observation::new(history::render(&found, question), Status::Ok)
+                }
+            }
+            Action::Delegate { .. } | Action::Answer { .. } => Observation::new(
+                "delegate and answer are handled by the episode, not a tool",
+                Status::Refused,
+            ),
+        };
+        let obs = cap(obs, self.inv.config.output_chars(self.role), self.role);
+        if matches!(action, Action::Sql { .. } | Action::Bash { .. }) {
+            self.inv.history.record(
+                &self.inv.trace_id,
+                &self.role.label(),
+                &action.render(),
+                &obs.text,
+            );
+        }
+        obs
+    }
+
+    fn sql(&self, query: &str) -> Observation {
+        let Some(sql) = &self.sql else {
+            return Observation::new("the sql tool is disabled in this run", Status::Refused);
+        };
+        match sql.run(query) {
+            Ok(table) => Observation::new(table, Status::Ok),
+            Err(e @ SqlRefusal::Refused(_)) => {
+                Observation::new(format!("sql {e}"), Status::Refused)
+            }
+            Err(e) => Observation::new(format!("sql {e}"), Status::Failed),
+        }
+    }
+
+    fn bash(&self, text: &str) -> Observation {
+        let sandbox = match self.inv.sandbox() {
+            Ok(s) => s,
+            Err(reason) => {
+                return Observation::new(format!("bash refused: {reason}"), Status::Refused)
+            }
+        };
+        let pipeline = match crate::shell::parse(text) {
+            Ok(p) => p,
+            Err(e) => return Observation::new(format!("bash {e}"), Status::Refused),
+        };
+        let stages: Vec<Vec<String>> = pipeline.stages.iter().map(harden).collect();
+        let mut sandbox = sandbox.clone();
+        sandbox.set_stdout_bytes(self.inv.config.output_chars(self.role) * 4 + 4);
+        let out = match sandbox.run(&stages) {
+            Ok(out) => out,
+            Err(e) => return Observation::new(format!("bash refused: {e}"), Status::Refused),
+        };
+        render_run(&out, &pipeline, sandbox.limits())
+    }
+}
+
+/// Tool-level hardening on top of the sandbox: GNU awk and sed in their own sandbox modes
+/// (no `system()`, command pipes, file redirection, `e`/`r`/`w`).
+pub fn harden(stage: &crate::shell::Stage) -> Vec<String> {
+    let mut argv = vec![stage.program.clone()];
+    if matches!(stage.program.as_str(), "awk" | "sed") {
+        argv.push("--sandbox".to_string());
+    }
+    argv.extend(stage.args.iter().cloned());
+    argv
+}
+
+/// The observation of a pipeline run: stdout, then notes on stderr, exit status, timeout.
+pub fn render_run(
+    out: &crate::sandbox::RunOutput,
+    pipeline: &crate::shell::Pipeline,
+    limits: &SandboxLimits,
+) -> Observation {
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut status = Status::Ok;
+    let mut notes = Vec::new();
+    if out.timed_out {
+        status = Status::Failed;
+        notes.push(format!(
+            "[stopped: the pipeline ran past the {:?} wall-clock limit and was killed]",
+            limits.wall
+        ));
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr.trim();
+    if !stderr.is_empty() && !out.stdout_cut {
+        notes.push(format!("[stderr] {stderr}"));
+    }
+    for (exit, stage) in out.exits.iter().zip(&pipeline.stages) {
+        match exit {
+            Exit::Code(0) | Exit::Killed => {}
+            // grep's 1 means "no match", not a failure.
+            Exit::Code(1) if stage.program == "grep" => {}
+            Exit::Code(code) => {
+                status = Status::Failed;
+                notes.push(format!("[{} exited with status {code}]", stage.program));
+            }
+            Exit::Signal(sig) => {
+                status = Status::Failed;
+                let why = match *sig {
+                    libc::SIGXCPU => " (CPU time limit)",
+                    libc::SIGXFSZ => " (file size limit)",
+                    libc::SIGSEGV | libc::SIGABRT => {
+                        " (crashed; the memory limit may be the cause)"
+                    }
+                    _ => "",
+                };
+                notes.push(format!("[{} killed by signal {sig}{why}]", stage.program));
+            }
+        }
+    }
+    if text.is_empty() && notes.is_empty() {
+        text = "(no output)".to_string();
+    }
+    let mut obs = Observation::new(text, status);
+    if out.stdout_cut {
+        obs.cut_from = Some(usize::MAX);
+    }
+    for note in notes {
+        if !obs.text.is_empty() && !obs.text.ends_with('\n') {
+            obs.text.push('\n');
+        }
+        obs.text.push_str(&note);
+    }
+    obs
+}
+
+/// Cuts an observation to `limit` characters with a note; the main agent's note suggests
+/// delegating (paper §3.3's asymmetric limits).
+pub fn cap(mut obs: Observation, limit: usize, role: Role) -> Observation {
+    let total = obs.text.chars().count();
+    let pipeline_cut = obs.cut_from.is_some();
+    if total <= limit && !pipeline_cut {
+        return obs;
+    }
+    let kept: String = obs.text.chars().take(limit).collect();
+    let shown = kept.chars().count();
+    let of = if pipeline_cut {
+        "more than".to_string()
+    } else {
+        format!("{total}")
+    };
+    let hint = match role {
+        Role::Main => "narrow it (WHERE, LIMIT, head, grep), or hand the deep-dive to a subagent with `delegate: TASK` (subagents see up to 100,000 characters)",
+        Role::Subagent(_) => "narrow it (WHERE, LIMIT, head, grep) or aggregate",
+    };
+    obs.text = format!("{kept}\n[output cut: showed {shown} of {of} characters; {hint}]");
+    obs.cut_from = Some(if pipeline_cut { shown } else { total });
+    obs
+}

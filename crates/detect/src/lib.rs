@@ -1,0 +1,35 @@
+//! The Detector's environment (paper §3.3–3.4): the tools a Detector policy investigates a
+//! trace with, the episode protocol it plays, and two non-learned policies.
+//!
+//! - [`sql`]: one SELECT at a time on a guarded read-only connection to the trace store.
+//! - [`shell`] + [`sandbox`]: allowlisted pipelines over the exported trace files, parsed here
+//!   and run in bubblewrap sandboxes (no shell, no network, read-only files, rlimits).
+//! - [`history`]: the query history; [`episode`]: turns, subagents, limits; [`transcript`]:
+//!   what an episode leaves, convertible to trace spans.
+//! - [`action`]: the one text format every policy writes.
+//! - [`policies`]: `keyword` (the paper's keyword baseline) and `expert` (a scripted
+//!   investigator).
+//!
+//! Invariants: nothing here writes the trace store (SQL through a read-only, `query_only`,
+//! authorizer-guarded connection; export through `traces::Store::open_read_only`); nothing runs
+//! a pipeline outside the sandbox; ground truth (the `labels` table) is unreachable from every
+//! tool. Transcripts are imported only by an explicit call with a writable store.
+
+pub mod action;
+pub mod env;
+pub mod episode;
+mod error;
+pub mod history;
+pub mod policies;
+pub mod prompt;
+pub mod sandbox;
+pub mod shell;
+pub mod sql;
+pub mod synthetic;
+pub mod transcript;
+
+pub use action::{Action, Verdict};
+pub use env::{Ablations, Config, Investigation, Observation, Role, Status};
+pub use episode::{Detector, Policy, View};
+pub use error::{Error, Result};
+pub use transcript::{Outcome, Transcript, TurnRecord};

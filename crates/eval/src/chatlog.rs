@@ -1,0 +1,279 @@
+//! External traces: a directory of labelled multi-agent chat logs (the Who&When format) is
+//! imported into a temporary store, and a blame baseline names the responsible agent and step
+//! of each log.
+//!
+//! The baseline, `first-error`, is a non-learned heuristic: walk the turns in order (skipping
+//! the human's task statement) and find the first turn that failed — a code-execution turn
+//! with a non-zero exit code, or a turn whose text carries an error or failure word. A failed
+//! code execution is blamed on the agent turn before it (the one that wrote the code); any
+//! other failing turn is blamed on its own agent. A log with no failing turn is blamed on its
+//! first agent turn, since in such logs the decisive mistake is usually an early plan or
+//! claim. It reads the turns directly and makes no tool calls.
+
+use std::path::{Path, PathBuf};
+
+use traces::{Span, SpanKind, StatusCode};
+
+use crate::error::{Error, Result};
+use crate::metrics::BlameCase;
+
+/// The blame detectors implemented.
+pub const BLAME_DETECTORS: &[&str] = &["first-error"];
+
+/// Words that mark a failing turn (matched case-insensitively on word boundaries).
+const FAILURE_WORDS: &[&str] = &[
+    "error",
+    "errors",
+    "exception",
+    "traceback",
+    "failed",
+    "failure",
+    "fails",
+    "unable",
+    "cannot",
+    "incorrect",
+    "invalid",
+];
+
+/// Agents that state the task rather than act on it.
+fn is_task_giver(span: &Span) -> bool {
+    let agent = span.agent_name.as_deref().unwrap_or_default();
+    agent.eq_ignore_ascii_case("human")
+        || (span.step == Some(0)
+            && span
+                .attributes
+                .get("chat.role")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|r| r == "user" || r == "human")
+            && span.attributes.get("chat.name").is_none())
+}
+
+/// A code-execution turn (the importer marks AutoGen's `exitcode:` turns as tool spans).
+fn is_execution(span: &Span) -> bool {
+    span.kind == SpanKind::Tool
+}
+
+fn has_failure_word(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| FAILURE_WORDS.iter().any(|f| w.eq_ignore_ascii_case(f)))
+}
+
+fn failed(span: &Span) -> bool {
+    span.status == StatusCode::Error || span.output.as_deref().is_some_and(has_failure_word)
+}
+
+/// The first-error baseline on one log's turns (in step order). `None` only for a log with no
+/// agent turn at all.
+pub fn first_error(turns: &[Span]) -> Option<(String, i64)> {
+    let acting: Vec<&Span> = turns.iter().filter(|s| !is_task_giver(s)).collect();
+    let blame = |s: &Span| Some((s.agent_name.clone()?, s.step?));
+    for (i, span) in acting.iter().enumerate() {
+        if !failed(span) {
+            continue;
+        }
+        if is_execution(span) {
+            if let Some(author) = acting[..i].iter().rev().find(|s| !is_execution(s)) {
+                return blame(author);
+            }
+        }
+        return blame(span);
+    }
+    acting
+        .iter()
+        .find(|s| !is_execution(s))
+        .and_then(|s| blame(s))
+}
+
+/// The `.json` files of `dir` and its subdirectories, sorted by path.
+pub fn log_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|cause| Error::Io {
+            path: d.clone(),
+            cause,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|cause| Error::Io {
+                path: d.clone(),
+                cause,
+            })?;
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "json") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Nothing {
+            path: dir.to_path_buf(),
+            reason: "no .json chat logs in this directory".into(),
+        });
+    }
+    Ok(files)
+}
+
+/// Imports every log under `dir` into a temporary store and blames each labelled one with
+/// `detector`. Logs without a label are skipped; a log that does not parse stops the run with
+/// the importer's error (file and JSON path).
+pub fn evaluate(
+    dir: &Path,
+    detector: &str,
+    mut on_done: impl FnMut(&BlameCase),
+) -> Result<Vec<BlameCase>> {
+    if !BLAME_DETECTORS.contains(&detector) {
+        return Err(Error::Detector(format!(
+            "`{detector}` cannot blame chat logs; chat-log detectors: {} (keyword and expert name deficiency types, not agents and steps)",
+            BLAME_DETECTORS.join(", ")
+        )));
+    }
+    let files = log_files(dir)?;
+    let scratch = tempfile::tempdir().map_err(|cause| Error::Io {
+        path: std::env::temp_dir(),
+        cause,
+    })?;
+    let db = scratch.path().join("chatlogs.sqlite");
+    let store_err = |source| Error::Store {
+        path: db.clone(),
+        cause: Box::new(source),
+    };
+    let mut store = traces::Store::open(&db).map_err(store_err)?;
+    let mut cases = Vec::new();
+    for file in &files {
+        let report = store
+            .import_file(file, traces::Format::Chatlog)
+            .map_err(|cause| Error::Import {
+                cause: Box::new(cause),
+            })?;
+        for trace_id in &report.trace_ids {
+            let Some(label) = store
+                .labels(trace_id)
+                .map_err(store_err)?
+                .into_iter()
+                .find(|l| l.agent.is_some() || l.step.is_some())
+            else {
+                continue;
+            };
+            let mut turns = store.spans(trace_id).map_err(store_err)?;
+            turns.sort_by_key(|s| s.step);
+            let case = BlameCase {
+                trace_id: trace_id.clone(),
+                source: file.display().to_string(),
+                truth_agent: label.agent,
+                truth_step: label.step,
+                predicted: first_error(&turns),
+            };
+            on_done(&case);
+            cases.push(case);
+        }
+    }
+    if cases.is_empty() {
+        return Err(Error::Nothing {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "none of its {} chat logs carries mistake_agent or mistake_step",
+                files.len()
+            ),
+        });
+    }
+    Ok(cases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(step: i64, agent: &str, text: &str, kind: SpanKind, status: StatusCode) -> Span {
+        let mut s = Span::new("t", format!("{:016x}", step + 1), "chat.turn", kind);
+        s.step = Some(step);
+        s.agent_name = Some(agent.into());
+        s.output = Some(text.into());
+        s.status = status;
+        s
+    }
+
+    #[test]
+    fn failed_execution_is_blamed_on_the_code_author() {
+        let turns = vec![
+            turn(
+                0,
+                "human",
+                "Why does this error?",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+            turn(
+                1,
+                "Coder",
+                "Here is the code",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+            turn(
+                2,
+                "Computer_terminal",
+                "exitcode: 1",
+                SpanKind::Tool,
+                StatusCode::Error,
+            ),
+            turn(
+                3,
+                "Checker",
+                "There was an error",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+        ];
+        assert_eq!(first_error(&turns), Some(("Coder".into(), 1)));
+    }
+
+    #[test]
+    fn failure_words_blame_their_own_turn_and_clean_logs_the_first_agent() {
+        let turns = vec![
+            turn(
+                0,
+                "Planner",
+                "plan: search",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+            turn(
+                1,
+                "Searcher",
+                "Unable to open the page",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+        ];
+        assert_eq!(first_error(&turns), Some(("Searcher".into(), 1)));
+        // "terrorism" holds "error" but not as a word.
+        let clean = vec![
+            turn(
+                0,
+                "Planner",
+                "about terrorism",
+                SpanKind::Agent,
+                StatusCode::Unset,
+            ),
+            turn(1, "Searcher", "done", SpanKind::Agent, StatusCode::Unset),
+        ];
+        assert_eq!(first_error(&clean), Some(("Planner".into(), 0)));
+        assert_eq!(first_error(&[]), None);
+    }
+
+    #[test]
+    fn unknown_detectors_and_empty_directories_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = evaluate(dir.path(), "expert", |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("first-error"), "{err}");
+        let err = evaluate(dir.path(), "first-error", |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no .json chat logs"), "{err}");
+    }
+}

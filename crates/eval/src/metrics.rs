@@ -1,0 +1,477 @@
+//! The paper's figures as pure functions of per-trace cases: detection accuracy (type),
+//! localisation accuracy (component, plus file and function when both sides name them),
+//! average tool calls, per-category accuracy (Table 6 categories from the catalog), the
+//! per-type confusion matrix, and for chat logs agent, exact-step and ±k step accuracy. Every
+//! figure carries a bootstrap interval. No I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::bootstrap::{self, Bootstrap, Estimate};
+
+/// Where the fault really is (from the store's `labels` table).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Truth {
+    pub deficiency_id: String,
+    pub component: Option<String>,
+    pub file: Option<String>,
+    pub function: Option<String>,
+}
+
+/// What a detector answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Prediction {
+    pub deficiency_id: String,
+    pub component: String,
+    /// Detect's verdicts name no file or function today; a detector that does fills these.
+    pub file: Option<String>,
+    pub function: Option<String>,
+}
+
+/// One evaluated trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Case {
+    pub trace_id: String,
+    pub truth: Truth,
+    /// The agent (framework) that produced the trace, when its label says (the corpus
+    /// generator records it in the label's source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// `None` when the episode ended without a verdict.
+    pub predicted: Option<Prediction>,
+    /// SQL and bash calls made, subagents' included.
+    pub tool_calls: usize,
+    /// How the episode ended, for the record.
+    pub outcome: String,
+}
+
+/// The predicted type is the labelled type (ids compared case-insensitively).
+pub fn detected(case: &Case) -> bool {
+    case.predicted.as_ref().is_some_and(|p| {
+        p.deficiency_id
+            .eq_ignore_ascii_case(&case.truth.deficiency_id)
+    })
+}
+
+/// `None` when the label names no component (localisation is then undefined); otherwise
+/// whether the predicted component is the labelled one and, where both the label and the
+/// prediction name a file or function, those match too (files by path suffix, so `agent.py`
+/// matches `toolcaller/agent.py`).
+pub fn localised(case: &Case) -> Option<bool> {
+    let truth_component = case.truth.component.as_deref()?;
+    let Some(p) = &case.predicted else {
+        return Some(false);
+    };
+    let file_ok = match (&case.truth.file, &p.file) {
+        (Some(t), Some(q)) => same_file(t, q),
+        _ => true,
+    };
+    let function_ok = match (&case.truth.function, &p.function) {
+        (Some(t), Some(q)) => t == q,
+        _ => true,
+    };
+    Some(p.component == truth_component && file_ok && function_ok)
+}
+
+fn same_file(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim_start_matches("./"), b.trim_start_matches("./"));
+    a == b || a.ends_with(&format!("/{b}")) || b.ends_with(&format!("/{a}"))
+}
+
+/// The label for a trace with no verdict in the confusion matrix.
+pub const NO_VERDICT: &str = "(none)";
+
+/// Rows: labelled type; columns: predicted type or [`NO_VERDICT`]; cells: counts.
+pub type Confusion = BTreeMap<String, BTreeMap<String, usize>>;
+
+pub fn confusion(cases: &[Case]) -> Confusion {
+    let mut matrix = Confusion::new();
+    for case in cases {
+        let predicted = case
+            .predicted
+            .as_ref()
+            .map_or(NO_VERDICT.to_string(), |p| p.deficiency_id.to_uppercase());
+        *matrix
+            .entry(case.truth.deficiency_id.to_uppercase())
+            .or_default()
+            .entry(predicted)
+            .or_default() += 1;
+    }
+    matrix
+}
+
+/// Per-category detection accuracy (one row per category that has cases).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CategoryRow {
+    pub category: String,
+    /// Distinct labelled types of this category among the cases.
+    pub types: usize,
+    pub detection: Estimate,
+    pub localisation: Option<Estimate>,
+}
+
+/// Category name of a labelled type; types outside the catalog get their own row.
+pub const UNCATALOGUED: &str = "(not in catalog)";
+
+pub fn per_category(
+    cases: &[Case],
+    catalog: &taxonomy::Catalog,
+    b: &Bootstrap,
+) -> Vec<CategoryRow> {
+    let mut groups: BTreeMap<String, Vec<&Case>> = BTreeMap::new();
+    let order = |name: &str| {
+        taxonomy::Category::ALL
+            .iter()
+            .position(|c| c.as_str() == name)
+            .unwrap_or(usize::MAX)
+    };
+    for case in cases {
+        let category = catalog
+            .get(&case.truth.deficiency_id)
+            .map_or(UNCATALOGUED.to_string(), |d| {
+                d.category.as_str().to_string()
+            });
+        groups.entry(category).or_default().push(case);
+    }
+    let mut rows: Vec<CategoryRow> = groups
+        .into_iter()
+        .filter_map(|(category, group)| {
+            let types: BTreeSet<String> = group
+                .iter()
+                .map(|c| c.truth.deficiency_id.to_uppercase())
+                .collect();
+            let hits: Vec<bool> = group.iter().map(|c| detected(c)).collect();
+            let loc: Vec<bool> = group.iter().filter_map(|c| localised(c)).collect();
+            Some(CategoryRow {
+                category,
+                types: types.len(),
+                detection: bootstrap::proportion(&hits, b)?,
+                localisation: bootstrap::proportion(&loc, b),
+            })
+        })
+        .collect();
+    rows.sort_by_key(|r| order(&r.category));
+    rows
+}
+
+/// Detection accuracy per agent that produced the traces (Table 8's rows); empty when no
+/// case names its agent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentRow {
+    pub agent: String,
+    pub detection: Estimate,
+}
+
+pub fn per_agent(cases: &[Case], b: &Bootstrap) -> Vec<AgentRow> {
+    let mut groups: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
+    for case in cases {
+        if let Some(agent) = &case.agent {
+            groups.entry(agent).or_default().push(detected(case));
+        }
+    }
+    groups
+        .into_iter()
+        .filter_map(|(agent, hits)| {
+            Some(AgentRow {
+                agent: agent.to_string(),
+                detection: bootstrap::proportion(&hits, b)?,
+            })
+        })
+        .collect()
+}
+
+/// Table 5's figures for one detector, plus Table 6 and the confusion matrix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub traces: usize,
+    pub detection: Option<Estimate>,
+    /// Over the traces whose label names a component.
+    pub localisation: Option<Estimate>,
+    pub tool_calls: Option<Estimate>,
+    /// Traces whose episode ended without a verdict.
+    pub no_verdict: usize,
+    pub per_category: Vec<CategoryRow>,
+    pub per_agent: Vec<AgentRow>,
+    pub confusion: Confusion,
+}
+
+pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> Summary {
+    let hits: Vec<bool> = cases.iter().map(detected).collect();
+    let loc: Vec<bool> = cases.iter().filter_map(localised).collect();
+    let calls: Vec<f64> = cases.iter().map(|c| c.tool_calls as f64).collect();
+    Summary {
+        traces: cases.len(),
+        detection: bootstrap::proportion(&hits, b),
+        localisation: bootstrap::proportion(&loc, b),
+        tool_calls: bootstrap::mean(&calls, b),
+        no_verdict: cases.iter().filter(|c| c.predicted.is_none()).count(),
+        per_category: per_category(cases, catalog, b),
+        per_agent: per_agent(cases, b),
+        confusion: confusion(cases),
+    }
+}
+
+/// Paired difference in detection accuracy, `other − base`, over the traces both runs
+/// evaluated (matched by trace id), with a bootstrap interval over those traces. Pairing keeps
+/// trace difficulty out of the interval, which is what an ablation's Δ needs.
+pub fn detection_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> Option<Estimate> {
+    let by_id: BTreeMap<&str, &Case> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
+    let diffs: Vec<f64> = other
+        .iter()
+        .filter_map(|o| {
+            let base = by_id.get(o.trace_id.as_str())?;
+            Some(f64::from(u8::from(detected(o))) - f64::from(u8::from(detected(base))))
+        })
+        .collect();
+    bootstrap::mean(&diffs, b)
+}
+
+/// One labelled chat log and the blame a detector gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlameCase {
+    pub trace_id: String,
+    /// The file it came from.
+    pub source: String,
+    pub truth_agent: Option<String>,
+    pub truth_step: Option<i64>,
+    /// (agent, step); `None` when the detector gave no answer.
+    pub predicted: Option<(String, i64)>,
+}
+
+/// The three external-trace figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlameSummary {
+    pub logs: usize,
+    /// Over logs labelled with an agent.
+    pub agent: Option<Estimate>,
+    /// Over logs labelled with a step.
+    pub step_exact: Option<Estimate>,
+    pub step_within: Option<Estimate>,
+    pub tolerance: u64,
+}
+
+/// Agent names are compared exactly after trimming (the datasets spell them consistently).
+pub fn agent_correct(case: &BlameCase) -> Option<bool> {
+    let truth = case.truth_agent.as_deref()?;
+    Some(
+        case.predicted
+            .as_ref()
+            .is_some_and(|(agent, _)| agent.trim() == truth.trim()),
+    )
+}
+
+/// Whether the predicted step is within `tolerance` of the labelled one (0 = exact).
+pub fn step_within(case: &BlameCase, tolerance: u64) -> Option<bool> {
+    let truth = case.truth_step?;
+    Some(
+        case.predicted
+            .as_ref()
+            .is_some_and(|(_, step)| step.abs_diff(truth) <= tolerance),
+    )
+}
+
+pub fn summarise_blame(cases: &[BlameCase], tolerance: u64, b: &Bootstrap) -> BlameSummary {
+    let agent: Vec<bool> = cases.iter().filter_map(agent_correct).collect();
+    let exact: Vec<bool> = cases.iter().filter_map(|c| step_within(c, 0)).collect();
+    let within: Vec<bool> = cases
+        .iter()
+        .filter_map(|c| step_within(c, tolerance))
+        .collect();
+    BlameSummary {
+        logs: cases.len(),
+        agent: bootstrap::proportion(&agent, b),
+        step_exact: bootstrap::proportion(&exact, b),
+        step_within: bootstrap::proportion(&within, b),
+        tolerance,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(
+        truth: &str,
+        component: Option<&str>,
+        predicted: Option<(&str, &str)>,
+        calls: usize,
+    ) -> Case {
+        Case {
+            trace_id: format!("t-{truth}-{calls}"),
+            truth: Truth {
+                deficiency_id: truth.into(),
+                component: component.map(str::to_string),
+                file: Some("toolcaller/agent.py".into()),
+                function: None,
+            },
+            predicted: predicted.map(|(id, comp)| Prediction {
+                deficiency_id: id.into(),
+                component: comp.into(),
+                file: None,
+                function: None,
+            }),
+            tool_calls: calls,
+            outcome: String::new(),
+            agent: None,
+        }
+    }
+
+    fn cases() -> Vec<Case> {
+        vec![
+            case(
+                "P16",
+                Some("tools.schema"),
+                Some(("P16", "tools.schema")),
+                2,
+            ),
+            case(
+                "P16",
+                Some("tools.schema"),
+                Some(("P18", "tools.schema")),
+                4,
+            ),
+            case(
+                "P24",
+                Some("parsing.encoding"),
+                Some(("p24", "parsing.json_extract")),
+                3,
+            ),
+            case("C1", Some("orchestrator.termination"), None, 5),
+            case("C1", None, Some(("C1", "orchestrator.termination")), 1),
+        ]
+    }
+
+    #[test]
+    fn detection_localisation_and_tool_calls_have_known_values() {
+        let catalog = taxonomy::Catalog::embedded().unwrap();
+        let s = summarise(&cases(), &catalog, &Bootstrap::default());
+        assert_eq!(s.traces, 5);
+        assert_eq!(s.detection.unwrap().value, 3.0 / 5.0);
+        // The last case has no labelled component: 2 of 4 are localised.
+        let loc = s.localisation.unwrap();
+        assert_eq!((loc.value, loc.n), (0.5, 4));
+        assert_eq!(s.tool_calls.unwrap().value, 3.0);
+        assert_eq!(s.no_verdict, 1);
+        for e in [s.detection.unwrap(), loc, s.tool_calls.unwrap()] {
+            assert!(e.lo <= e.value && e.value <= e.hi, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn per_agent_rows_only_for_cases_that_name_their_agent() {
+        let mut all = cases();
+        assert!(per_agent(&all, &Bootstrap::default()).is_empty());
+        all[0].agent = Some("toolcaller".into());
+        all[1].agent = Some("toolcaller".into());
+        all[2].agent = Some("planner".into());
+        let rows = per_agent(&all, &Bootstrap::default());
+        let got: Vec<(&str, f64, usize)> = rows
+            .iter()
+            .map(|r| (r.agent.as_str(), r.detection.value, r.detection.n))
+            .collect();
+        assert_eq!(got, [("planner", 1.0, 1), ("toolcaller", 0.5, 2)]);
+    }
+
+    #[test]
+    fn confusion_counts_every_case_once() {
+        let m = confusion(&cases());
+        assert_eq!(m["P16"]["P16"], 1);
+        assert_eq!(m["P16"]["P18"], 1);
+        assert_eq!(m["P24"]["P24"], 1);
+        assert_eq!(m["C1"][NO_VERDICT], 1);
+        assert_eq!(m["C1"]["C1"], 1);
+        let total: usize = m.values().flat_map(|row| row.values()).sum();
+        assert_eq!(total, 5);
+    }
+
+    #[test]
+    fn categories_follow_the_catalog_in_table_order() {
+        let catalog = taxonomy::Catalog::embedded().unwrap();
+        let mut all = cases();
+        all.push(case("X9", None, Some(("X9", "x")), 0));
+        let rows = per_category(&all, &catalog, &Bootstrap::default());
+        let names: Vec<&str> = rows.iter().map(|r| r.category.as_str()).collect();
+        let cat = |id: &str| catalog.get(id).unwrap().category.as_str();
+        assert_eq!(names.last(), Some(&UNCATALOGUED));
+        let p16 = rows.iter().find(|r| r.category == cat("P16")).unwrap();
+        assert_eq!(
+            (p16.types, p16.detection.value, p16.detection.n),
+            (1, 0.5, 2)
+        );
+        let c1 = rows.iter().find(|r| r.category == cat("C1")).unwrap();
+        assert_eq!(c1.detection.value, 0.5);
+        let order: Vec<usize> = rows
+            .iter()
+            .map(|r| {
+                taxonomy::Category::ALL
+                    .iter()
+                    .position(|c| c.as_str() == r.category)
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{names:?}");
+    }
+
+    #[test]
+    fn file_and_function_count_only_when_both_sides_name_them() {
+        let mut c = case(
+            "P16",
+            Some("tools.schema"),
+            Some(("P16", "tools.schema")),
+            0,
+        );
+        assert_eq!(localised(&c), Some(true));
+        c.predicted.as_mut().unwrap().file = Some("agent.py".into());
+        assert_eq!(localised(&c), Some(true));
+        c.predicted.as_mut().unwrap().file = Some("other/tools.py".into());
+        assert_eq!(localised(&c), Some(false));
+    }
+
+    #[test]
+    fn paired_difference_matches_traces_by_id() {
+        let base = cases();
+        let mut other = cases();
+        // Lose the first hit, gain the no-verdict case; one case only in `other`.
+        other[0].predicted = None;
+        other[3].predicted = Some(Prediction {
+            deficiency_id: "C1".into(),
+            component: "orchestrator.termination".into(),
+            file: None,
+            function: None,
+        });
+        other[1].predicted = other[0].predicted.clone();
+        other.push(case("P2", None, None, 0));
+        let d = detection_difference(&base, &other, &Bootstrap::default()).unwrap();
+        assert_eq!((d.value, d.n), (0.0, 5));
+        assert!(d.lo < 0.0 && d.hi > 0.0, "{d:?}");
+        other[3].predicted = None;
+        let d = detection_difference(&base, &other, &Bootstrap::default()).unwrap();
+        assert_eq!(d.value, -0.2);
+    }
+
+    #[test]
+    fn blame_accuracy_with_tolerance() {
+        let blame = |agent: Option<&str>, step: Option<i64>, p: Option<(&str, i64)>| BlameCase {
+            trace_id: "t".into(),
+            source: "f".into(),
+            truth_agent: agent.map(str::to_string),
+            truth_step: step,
+            predicted: p.map(|(a, s)| (a.to_string(), s)),
+        };
+        let cases = vec![
+            blame(Some("A"), Some(3), Some(("A", 3))),
+            blame(Some("A"), Some(3), Some(("B", 4))),
+            blame(Some("B"), Some(0), Some(("B", 2))),
+            blame(Some("C"), Some(5), None),
+            blame(None, None, Some(("A", 1))),
+        ];
+        let s = summarise_blame(&cases, 1, &Bootstrap::default());
+        assert_eq!(s.logs, 5);
+        assert_eq!((s.agent.unwrap().value, s.agent.unwrap().n), (0.5, 4));
+        assert_eq!(s.step_exact.unwrap().value, 0.25);
+        assert_eq!(s.step_within.unwrap().value, 0.5);
+        let wide = summarise_blame(&cases, 2, &Bootstrap::default());
+        assert_eq!(wide.step_within.unwrap().value, 0.75);
+    }
+}

@@ -1,0 +1,216 @@
+//! Throughput of this crate on real weights: prefill tokens/s, decode tokens/s, and one LoRA
+//! forward + backward + AdamW step on a `batch × seq` batch. The PyTorch reference
+//! (bench/pytorch_reference.py) measures the same three numbers on the same GGUF weights.
+//!
+//! cargo bench -p model --bench throughput -- --gguf PATH [--threads 2] [--prefill 512]
+//!     [--decode 64] [--batch 8] [--seq 512] [--micro-batch 2] [--rank 16] [--repeats 3]
+//!
+//! Prints one JSON object on stdout.
+
+use candle_core::{DType, Device, Tensor};
+use model::{masked_mean, AdamW, AdamWConfig, Gradients, KvCache, LoraConfig};
+use std::time::Instant;
+
+struct Args {
+    gguf: String,
+    threads: usize,
+    prefill: usize,
+    decode: usize,
+    batch: usize,
+    seq: usize,
+    micro_batch: usize,
+    rank: usize,
+    repeats: usize,
+    skip_train: bool,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        gguf: String::new(),
+        threads: 2,
+        prefill: 512,
+        decode: 64,
+        batch: 8,
+        seq: 512,
+        micro_batch: 2,
+        rank: 16,
+        repeats: 3,
+        skip_train: false,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = || argv.get(i + 1).cloned().unwrap_or_default();
+        let num = || {
+            value()
+                .parse::<usize>()
+                .unwrap_or_else(|_| panic!("{} needs a number", argv[i]))
+        };
+        match argv[i].as_str() {
+            "--gguf" => a.gguf = value(),
+            "--threads" => a.threads = num(),
+            "--prefill" => a.prefill = num(),
+            "--decode" => a.decode = num(),
+            "--batch" => a.batch = num(),
+            "--seq" => a.seq = num(),
+            "--micro-batch" => a.micro_batch = num(),
+            "--rank" => a.rank = num(),
+            "--repeats" => a.repeats = num(),
+            "--skip-train" => {
+                a.skip_train = true;
+                i += 1;
+                continue;
+            }
+            "--bench" => {
+                i += 1;
+                continue;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    if a.gguf.is_empty() {
+        let m = model::fetch::known_model("smollm2-135m").unwrap();
+        a.gguf = model::fetch::cached_path(&model::fetch::default_cache_dir(), m)
+            .display()
+            .to_string();
+    }
+    a
+}
+
+/// Deterministic pseudo-random token ids (an LCG), so every run sees the same inputs.
+fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) as usize % (vocab - 256) + 256) as u32
+        })
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let args = parse_args();
+    // candle's CPU kernels size their thread pools from this variable.
+    std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
+    let dev = Device::Cpu;
+    let (mut m, _tok) = model::load_gguf(std::path::Path::new(&args.gguf), DType::F32, &dev)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let vocab = m.config().vocab_size;
+
+    // Prefill: one prompt of `prefill` tokens into an empty cache.
+    let prompt = token_ids(args.prefill, vocab, 1);
+    let mut prefill_s = vec![];
+    for _ in 0..args.repeats {
+        let mut cache = KvCache::new(&m, 1);
+        let t = Instant::now();
+        let logits = m.feed(&mut cache, std::slice::from_ref(&prompt)).unwrap();
+        logits.to_vec2::<f32>().unwrap();
+        prefill_s.push(t.elapsed().as_secs_f64());
+    }
+    let prefill_tok_s = args.prefill as f64 / median(prefill_s);
+
+    // Decode: greedy steps after a 128-token prompt.
+    let short = token_ids(128, vocab, 2);
+    let mut decode_s = vec![];
+    for _ in 0..args.repeats {
+        let mut cache = KvCache::new(&m, 1);
+        let mut logits = m.feed(&mut cache, std::slice::from_ref(&short)).unwrap();
+        let t = Instant::now();
+        for _ in 0..args.decode {
+            let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
+            logits = m.feed(&mut cache, &[vec![next]]).unwrap();
+        }
+        logits.to_vec2::<f32>().unwrap();
+        decode_s.push(t.elapsed().as_secs_f64());
+    }
+    let decode_tok_s = args.decode as f64 / median(decode_s);
+
+    let mut train_step_s = None;
+    if !args.skip_train {
+        m.add_adapter(
+            "bench",
+            LoraConfig {
+                rank: args.rank,
+                alpha: 2.0 * args.rank as f64,
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+        let vars = m.trainable_vars("bench").unwrap();
+        let mut opt = AdamW::new(
+            vars.clone(),
+            AdamWConfig {
+                lr: 1e-4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut grads = Gradients::new(vars);
+        let ids = token_ids(args.batch * args.seq, vocab, 3);
+        let ids = Tensor::from_vec(ids, (args.batch, args.seq), &dev).unwrap();
+        let mask = Tensor::ones((args.batch, args.seq), DType::U32, &dev).unwrap();
+        let micro = args.micro_batch.clamp(1, args.batch);
+        let n_micro = args.batch.div_ceil(micro);
+        let mut times = vec![];
+        // One untimed warm-up step, then `repeats - 1` (at least one) timed steps.
+        for step in 0..args.repeats.max(2) {
+            let t = Instant::now();
+            grads.reset();
+            for k in 0..n_micro {
+                let start = k * micro;
+                let len = micro.min(args.batch - start);
+                let out = m
+                    .policy_forward(
+                        &ids.narrow(0, start, len).unwrap(),
+                        &mask.narrow(0, start, len).unwrap(),
+                        Some("bench"),
+                        false,
+                    )
+                    .unwrap();
+                let loss = (masked_mean(&out.logprobs, &out.valid)
+                    .unwrap()
+                    .neg()
+                    .unwrap()
+                    / n_micro as f64)
+                    .unwrap();
+                drop(out);
+                grads.accumulate(&loss).unwrap();
+            }
+            grads.clip_global_norm(1.0).unwrap();
+            opt.step(&grads).unwrap();
+            let dt = t.elapsed().as_secs_f64();
+            eprintln!("train step {step}: {dt:.2}s");
+            if step > 0 {
+                times.push(dt);
+            }
+        }
+        train_step_s = Some(median(times));
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "impl": "pathfinder-model (candle 0.11.1, f32)",
+            "threads": args.threads,
+            "prefill_tokens": args.prefill,
+            "prefill_tok_s": prefill_tok_s,
+            "decode_tokens": args.decode,
+            "decode_tok_s": decode_tok_s,
+            "train_batch": args.batch,
+            "train_seq": args.seq,
+            "train_micro_batch": args.micro_batch,
+            "lora_rank": args.rank,
+            "train_step_s": train_step_s,
+        })
+    );
+}

@@ -1,0 +1,176 @@
+//! `pathfinder corpus generate`: run clean and injected agents, validate each injection and
+//! publish a labelled, split trace corpus (resumable).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agents::Workspace;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use corpus::{Finish, GenerateOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use taxonomy::Catalog;
+
+#[derive(Debug, Args)]
+pub struct CorpusArgs {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate (or resume) a corpus in OUT.
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// Agents, comma-separated (default: every agent in the agents directory).
+    #[arg(long, value_delimiter = ',')]
+    agents: Vec<String>,
+    /// Deficiency types, comma-separated catalog ids (default: all 50).
+    #[arg(long, value_delimiter = ',')]
+    types: Vec<String>,
+    /// Tasks per (agent, type).
+    #[arg(long, default_value_t = 3)]
+    tasks: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The corpus directory; an existing one with the same options is resumed.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Put every episode of this agent in the test split.
+    #[arg(long, value_name = "NAME")]
+    holdout_agent: Option<String>,
+    /// Stop after this many newly completed episodes (run again to resume).
+    #[arg(long, value_name = "N")]
+    max_episodes: Option<usize>,
+    /// Skip the keyword-baseline non-triviality check.
+    #[arg(long)]
+    no_keyword: bool,
+    #[arg(long, value_name = "DIR", default_value = "agents")]
+    agents_dir: PathBuf,
+    #[arg(long, value_name = "DIR", default_value = "deficiencies/templates")]
+    templates_dir: PathBuf,
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Wall-clock limit of one agent run, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    timeout: u64,
+}
+
+pub fn run(args: CorpusArgs) -> Result<()> {
+    match args.command {
+        Command::Generate(g) => generate(g),
+    }
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let workspace = Workspace::open(&args.agents_dir)?;
+    let catalog = Catalog::embedded().context("the built-in deficiency catalog is invalid")?;
+    let agents = if args.agents.is_empty() {
+        workspace.agent_names()?
+    } else {
+        args.agents.clone()
+    };
+    let types = if args.types.is_empty() {
+        catalog
+            .deficiencies()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect()
+    } else {
+        let mut ids = Vec::new();
+        for t in &args.types {
+            match catalog.get(t) {
+                Some(d) => ids.push(d.id.clone()),
+                None => bail!("--types: {t:?} is not a catalog id (P1–P27, C1–C23)"),
+            }
+        }
+        ids
+    };
+    if args.tasks == 0 {
+        bail!("--tasks must be at least 1");
+    }
+    let templates_dir = std::path::absolute(&args.templates_dir)
+        .with_context(|| format!("{}", args.templates_dir.display()))?;
+    let options = GenerateOptions {
+        agents,
+        types,
+        tasks: args.tasks,
+        seed: args.seed,
+        holdout_agent: args.holdout_agent.clone(),
+        templates_dir,
+        keyword: !args.no_keyword,
+        python: args.python.clone(),
+        timeout: Duration::from_secs(args.timeout),
+        max_episodes: args.max_episodes,
+    };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut valid = 0;
+    let finish = corpus::generate(
+        &workspace,
+        &catalog,
+        &options,
+        &args.out,
+        |done, total, m| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            if m.validation.valid {
+                valid += 1;
+            }
+            bar.set_message(format!("{valid} valid; {}", m.id));
+        },
+    )?;
+    bar.finish_and_clear();
+    match finish {
+        Finish::Interrupted {
+            completed,
+            remaining,
+        } => {
+            println!(
+                "stopped after --max-episodes: {completed} episodes complete, {remaining} remaining; run the same command again to resume"
+            );
+        }
+        Finish::Complete(report) => {
+            println!(
+                "{}: {}/{} episodes valid ({:.1}%); splits train {} / val {} / test {}",
+                args.out.display(),
+                report.valid,
+                report.episodes,
+                100.0 * report.pass_rate,
+                report.splits.get("train").unwrap_or(&0),
+                report.splits.get("val").unwrap_or(&0),
+                report.splits.get("test").unwrap_or(&0),
+            );
+            for (ty, t) in &report.per_type {
+                let failures: Vec<String> =
+                    t.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                println!(
+                    "  {ty:<4} {}/{} valid{}",
+                    t.valid,
+                    t.episodes,
+                    if failures.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (failed: {})", failures.join(", "))
+                    }
+                );
+            }
+            if !report.uncovered.is_empty() {
+                println!(
+                    "  no template for {} (type, agent) pairs (see report.json)",
+                    report.uncovered.len()
+                );
+            }
+            println!(
+                "keyword baseline named {}/{} valid episodes; digest {}",
+                report.keyword_named, report.keyword_ran, report.digest
+            );
+        }
+    }
+    Ok(())
+}

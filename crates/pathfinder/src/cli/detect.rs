@@ -1,0 +1,172 @@
+//! `pathfinder detect`: run a Detector policy on one trace, or one tool call exactly as the
+//! Detector would make it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use detect::{Ablations, Action, Config, Detector, Role, Status};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DetectArgs {
+    #[command(subcommand)]
+    pub command: Option<DetectCommand>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DetectCommand {
+    /// Run one sql or bash call as the Detector would and print its observation; a refused or
+    /// failed call exits non-zero.
+    Tool(ToolArgs),
+}
+
+/// Investigate one trace with a policy.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The trace store (SQLite).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// The trace to investigate.
+    #[arg(long)]
+    pub trace: Option<String>,
+    /// keyword (the keyword baseline) or expert (the scripted investigator).
+    #[arg(long, default_value = "expert")]
+    pub policy: String,
+    /// Print the whole investigation (every call and observation).
+    #[arg(long)]
+    pub transcript: bool,
+    /// Also write the transcript as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub transcript_json: Option<PathBuf>,
+    /// Import the episode as a trace into this (writable) store, e.g. for self-play training.
+    #[arg(long, value_name = "DB")]
+    pub save_episode: Option<PathBuf>,
+    #[command(flatten)]
+    pub ablations: AblationArgs,
+}
+
+/// The paper's Table 7 ablations.
+#[derive(Debug, Args)]
+pub struct AblationArgs {
+    #[arg(long)]
+    pub no_sql: bool,
+    #[arg(long)]
+    pub no_shell: bool,
+    #[arg(long)]
+    pub no_subagents: bool,
+    #[arg(long)]
+    pub no_schema: bool,
+    #[arg(long)]
+    pub no_history: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("call").required(true).args(["sql", "bash"]))]
+pub struct ToolArgs {
+    #[arg(long)]
+    pub db: PathBuf,
+    #[arg(long)]
+    pub trace: String,
+    /// One SELECT statement.
+    #[arg(long)]
+    pub sql: Option<String>,
+    /// One pipeline over trace.json and spans.jsonl.
+    #[arg(long)]
+    pub bash: Option<String>,
+    /// Use a subagent's output limit (100,000 characters) instead of the main agent's.
+    #[arg(long)]
+    pub subagent: bool,
+}
+
+pub fn run(args: DetectArgs) -> Result<()> {
+    match args.command {
+        Some(DetectCommand::Tool(tool)) => run_tool(tool),
+        None => run_policy(args.run),
+    }
+}
+
+fn run_policy(args: RunArgs) -> Result<()> {
+    let (Some(db), Some(trace)) = (args.db.as_ref(), args.trace.as_ref()) else {
+        bail!("pathfinder detect needs --db PATH and --trace ID (or the `tool` subcommand)");
+    };
+    let a = &args.ablations;
+    let config = Config {
+        ablations: Ablations {
+            no_sql: a.no_sql,
+            no_shell: a.no_shell,
+            no_subagents: a.no_subagents,
+            no_schema: a.no_schema,
+            no_history: a.no_history,
+        },
+        ..Config::default()
+    };
+    let policy = detect::policies::by_name(&args.policy).map_err(anyhow::Error::msg)?;
+    let detector = Detector::new(db, config, false)?;
+    let transcript = detector
+        .investigate(trace, policy)
+        .with_context(|| format!("investigating trace {trace} in {}", db.display()))?;
+    if args.transcript {
+        print!("{}", transcript.render());
+    }
+    if let Some(path) = &args.transcript_json {
+        let text = serde_json::to_string_pretty(&transcript)?;
+        write_atomically(path, text.as_bytes())?;
+    }
+    if let Some(store) = &args.save_episode {
+        let mut store =
+            traces::Store::open(store).with_context(|| format!("opening {}", store.display()))?;
+        let report = store.import_spans(
+            transcript.to_spans(),
+            &format!("detect:{}", transcript.policy),
+        )?;
+        eprintln!(
+            "saved the episode as trace {} ({} spans)",
+            transcript.episode_id, report.spans
+        );
+    }
+    match transcript.verdict() {
+        Some(verdict) => {
+            println!("{}", verdict.render().trim_start_matches("answer: "));
+            Ok(())
+        }
+        None => bail!("no verdict: {}", transcript.outcome.describe()),
+    }
+}
+
+fn run_tool(args: ToolArgs) -> Result<()> {
+    let detector = Detector::new(&args.db, Config::default(), false)?;
+    let inv = detector.prepare(&args.trace)?;
+    let role = if args.subagent {
+        Role::Subagent(1)
+    } else {
+        Role::Main
+    };
+    let tools = Arc::clone(&inv).tools(role)?;
+    let action = match (args.sql, args.bash) {
+        (Some(query), None) => Action::Sql { query },
+        (None, Some(pipeline)) => Action::Bash { pipeline },
+        _ => bail!("give exactly one of --sql and --bash"),
+    };
+    let obs = tools.execute(&action);
+    match obs.status {
+        Status::Ok => {
+            print!("{}", obs.text);
+            if !obs.text.ends_with('\n') {
+                println!();
+            }
+            Ok(())
+        }
+        _ => bail!("{}", obs.text),
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}

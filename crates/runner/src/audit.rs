@@ -1,0 +1,92 @@
+//! The containment monitor: a Python audit hook (`sitecustomize`) that records every attempt
+//! an episode's Python processes make to reach the network other than the LLM socket, and the
+//! parser of what it recorded. The sandbox is what blocks; this is what lets a run report it.
+
+use std::path::Path;
+
+/// The hook's source, baked into the base image and written beside local episodes.
+pub const SITECUSTOMIZE: &str = include_str!("sitecustomize.py");
+
+/// The most recorded attempts reported per episode.
+pub const MAX_REPORTED: usize = 20;
+
+/// Reads an episode's audit log: one line per attempt, deduplicated, at most [`MAX_REPORTED`].
+/// A missing log means nothing was recorded; malformed lines (an agent may write there too)
+/// are reported as such rather than trusted.
+pub fn read_log(path: &Path) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut out: Vec<String> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let entry = match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v) => match (
+                v.get("kind").and_then(|k| k.as_str()),
+                v.get("detail").and_then(|d| d.as_str()),
+            ) {
+                (Some(kind), Some(detail)) => format!("{kind}: {detail}"),
+                _ => format!("line {}: unrecognised audit record", i + 1),
+            },
+            Err(_) => format!("line {}: unreadable audit record", i + 1),
+        };
+        if !out.contains(&entry) {
+            out.push(entry);
+        }
+        if out.len() >= MAX_REPORTED {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_records_outside_connections_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sitecustomize.py"), SITECUSTOMIZE).unwrap();
+        let log = dir.path().join("audit.jsonl");
+        let allowed = dir.path().join("llm.sock");
+        let script = format!(
+            "import socket\n\
+             l = socket.socket(socket.AF_UNIX); l.bind({allowed:?}); l.listen(1)\n\
+             s = socket.socket(socket.AF_UNIX); s.connect({allowed:?})\n\
+             t = socket.socket(); t.settimeout(0.2)\n\
+             try:\n    t.connect(('192.0.2.1', 9))\nexcept OSError:\n    pass\n",
+            allowed = allowed.to_str().unwrap()
+        );
+        let status = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(&script)
+            .env("PYTHONPATH", dir.path())
+            .env("PATHFINDER_AUDIT_LOG", &log)
+            .env("PATHFINDER_AUDIT_ALLOW_UNIX", &allowed)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let got = read_log(&log);
+        assert_eq!(
+            got,
+            ["network: socket.connect to ('192.0.2.1', 9)"],
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_flagged() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("a.jsonl");
+        std::fs::write(&log, "{\"kind\":\"network\",\"detail\":\"x\"}\n{\"kind\":\"network\",\"detail\":\"x\"}\ngarbage\n").unwrap();
+        assert_eq!(
+            read_log(&log),
+            ["network: x", "line 3: unreadable audit record"]
+        );
+        assert!(read_log(&dir.path().join("missing")).is_empty());
+    }
+}

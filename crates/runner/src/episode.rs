@@ -1,0 +1,545 @@
+//! One episode: an agent on a task in a sandbox, from an empty run directory to a judged,
+//! recorded outcome. The backend-independent part lives here; a backend only runs commands
+//! (the agent, then a SWE task's tests) inside its sandbox.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agents::judge::Judgement;
+use agents::process::ProcessEnd;
+use agents::run::{self, AgentCommand, CommandInputs, RunLayout, RunOutcome, RunSpec};
+use agents::Task;
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::cancel::Cancel;
+
+/// Resource limits of one episode's sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    /// CPU share in cores (the Docker backend enforces it; the local one does not).
+    pub cpus: f64,
+    /// Processes and threads, together.
+    pub pids: u32,
+    /// Size of the private `/tmp`.
+    pub tmp_bytes: u64,
+    /// Wall-clock limit of the agent process, after which the sandbox is killed.
+    #[serde(with = "millis")]
+    pub timeout: Duration,
+    /// Wall-clock limit of a SWE task's test command.
+    #[serde(with = "millis")]
+    pub test_timeout: Duration,
+}
+
+mod millis {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory_bytes: 1 << 30,
+            cpus: 1.0,
+            pids: 128,
+            tmp_bytes: 64 << 20,
+            timeout: Duration::from_secs(120),
+            test_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Everything one episode needs, in host paths.
+#[derive(Debug, Clone)]
+pub struct EpisodeSpec {
+    /// Unique within a batch; names the sandbox (container label) and the progress line.
+    pub id: String,
+    pub agent: String,
+    /// `python3 -m PACKAGE`.
+    pub package: String,
+    pub task: Task,
+    pub seed: u64,
+    /// The agent's repository (clean materialisation or an injected artifact); read-only.
+    pub repo_dir: PathBuf,
+    /// The episode's run directory ([`RunLayout`] plus `audit.jsonl`).
+    pub out_dir: PathBuf,
+    /// `agents/tasks/corpus`; read-only.
+    pub corpus_dir: PathBuf,
+    /// The host Unix socket of the LLM endpoint: the sandbox's only way out.
+    pub llm_socket: PathBuf,
+    pub model: String,
+    pub limits: Limits,
+}
+
+impl EpisodeSpec {
+    /// The agents crate's view of the run, in host paths (for preparing and judging).
+    pub fn run_spec(&self) -> RunSpec {
+        RunSpec {
+            agent: self.agent.clone(),
+            package: self.package.clone(),
+            task: self.task.clone(),
+            seed: self.seed,
+            repo_dir: self.repo_dir.clone(),
+            out_dir: self.out_dir.clone(),
+            llm_url: format!("unix:{}", self.llm_socket.display()),
+            model: self.model.clone(),
+            corpus_dir: self.corpus_dir.clone(),
+            python: "python3".into(),
+            timeout: self.limits.timeout,
+            test_timeout: self.limits.test_timeout,
+            // Sandboxes share no writable state: no bytecode cache (the image's standard
+            // library has its own, read-only).
+            pycache_dir: None,
+        }
+    }
+
+    pub fn audit_log(&self) -> PathBuf {
+        self.out_dir.join("audit.jsonl")
+    }
+}
+
+/// The paths of an episode as the sandboxed process sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPaths {
+    pub repo: PathBuf,
+    pub out_dir: PathBuf,
+    pub corpus: PathBuf,
+    pub llm_socket: PathBuf,
+    /// The directory holding the audit hook's `sitecustomize.py`.
+    pub audit_dir: PathBuf,
+}
+
+impl SandboxPaths {
+    pub fn layout(&self) -> RunLayout {
+        RunLayout::new(&self.out_dir)
+    }
+}
+
+/// A command to run inside an episode's sandbox.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// `agent` or `tests` (labels and messages).
+    pub role: &'static str,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Working directory, in sandbox paths.
+    pub cwd: PathBuf,
+    pub timeout: Duration,
+    /// Host files that receive the output (may be the same file).
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+/// How a sandboxed command ended and what the sandbox saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRun {
+    pub end: ProcessEnd,
+    /// The command's own run time (process start to exit, as the sandbox measured it).
+    pub duration: Duration,
+    pub oom_killed: bool,
+    /// Process creations refused at the pids limit; `None` where the backend cannot tell.
+    pub pids_limit_hits: Option<u64>,
+    /// The run was stopped because the batch was cancelled.
+    pub cancelled: bool,
+}
+
+/// What the sandbox had to stop, as reported to the user and in `outcome.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Containment {
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub pids_limit_hits: Option<u64>,
+    /// Blocked attempts to reach anything but the LLM socket (from the audit hook).
+    pub network_attempts: Vec<String>,
+}
+
+impl Containment {
+    /// Whether the sandbox had to stop anything.
+    pub fn contained_something(&self) -> bool {
+        self.timed_out
+            || self.oom_killed
+            || self.pids_limit_hits.unwrap_or(0) > 0
+            || !self.network_attempts.is_empty()
+    }
+
+    /// One clause per contained behaviour.
+    pub fn describe(&self, limits: &Limits) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.timed_out {
+            out.push(format!(
+                "ran past its {} s timeout and was killed",
+                limits.timeout.as_secs_f64()
+            ));
+        }
+        if self.oom_killed {
+            out.push(format!(
+                "was killed at its memory limit ({} MiB)",
+                limits.memory_bytes >> 20
+            ));
+        }
+        if let Some(n) = self.pids_limit_hits.filter(|n| *n > 0) {
+            out.push(format!(
+                "{n} process creations refused at the pids limit ({})",
+                limits.pids
+            ));
+        }
+        for attempt in &self.network_attempts {
+            out.push(format!("blocked network access ({attempt})"));
+        }
+        out
+    }
+}
+
+/// Wall-clock accounting of an episode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timing {
+    /// From the start of the episode until its trace was collected.
+    pub until_collected_ms: f64,
+    /// The agent process's own run time.
+    pub agent_ms: f64,
+    /// `until_collected_ms - agent_ms`: what the sandbox costs per episode.
+    pub overhead_ms: f64,
+    /// The whole episode including a SWE task's tests and writing the outcome.
+    pub total_ms: f64,
+}
+
+/// An episode's result, also written to `OUT/outcome.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EpisodeOutcome {
+    pub id: String,
+    pub backend: String,
+    /// What isolation applied (e.g. the image, or the local sandbox's mechanisms).
+    pub isolation: String,
+    #[serde(flatten)]
+    pub run: RunOutcome,
+    pub containment: Containment,
+    pub limits: Limits,
+    pub timing: Timing,
+}
+
+impl EpisodeOutcome {
+    /// One line for the terminal.
+    pub fn summary(&self) -> String {
+        let verdict = if self.run.success {
+            "success"
+        } else {
+            "failure"
+        };
+        let mut line = format!(
+            "{}: {verdict} ({}), {} spans, trace {}",
+            self.id,
+            self.run.judgement.reason,
+            self.run.collected.spans,
+            self.run.trace.display()
+        );
+        let contained = self.containment.describe(&self.limits);
+        if !contained.is_empty() {
+            line.push_str(&format!("; contained: {}", contained.join("; ")));
+        }
+        line
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EpisodeError {
+    #[error("episode {id}: {source}")]
+    Prepare {
+        id: String,
+        #[source]
+        source: run::RunError,
+    },
+    #[error("episode {id}: the sandbox failed: {reason}")]
+    Sandbox { id: String, reason: String },
+    #[error("episode {id}: cancelled")]
+    Cancelled { id: String },
+    #[error("episode {id}: {path}: {reason}")]
+    Output {
+        id: String,
+        path: PathBuf,
+        reason: String,
+    },
+}
+
+/// Empties an episode directory left by a previous run (one holding `task.json`); refuses
+/// to delete anything else.
+fn reset_out_dir(id: &str, dir: &Path) -> Result<(), EpisodeError> {
+    let err = |reason: String| EpisodeError::Output {
+        id: id.to_owned(),
+        path: dir.to_owned(),
+        reason,
+    };
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(err(e.to_string())),
+        Ok(mut entries) => {
+            if entries.next().is_none() {
+                return Ok(());
+            }
+            if !dir.join("task.json").is_file() {
+                return Err(err(
+                    "exists and does not look like a previous episode; refusing to delete it"
+                        .into(),
+                ));
+            }
+            std::fs::remove_dir_all(dir)
+                .map_err(|e| err(format!("cannot clear the previous episode: {e}")))
+        }
+    }
+}
+
+/// Variables every sandboxed process gets besides the contract's.
+pub fn sandbox_env(paths: &SandboxPaths, home: &Path) -> Vec<(String, String)> {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), s(home)),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("PYTHONPATH".into(), s(&paths.audit_dir)),
+        (
+            "PATHFINDER_AUDIT_LOG".into(),
+            s(&paths.out_dir.join("audit.jsonl")),
+        ),
+        ("PATHFINDER_AUDIT_ALLOW_UNIX".into(), s(&paths.llm_socket)),
+    ]
+}
+
+/// The agent's invocation inside the sandbox.
+pub fn agent_command(spec: &EpisodeSpec, paths: &SandboxPaths) -> AgentCommand {
+    let layout = paths.layout();
+    AgentCommand::build(&CommandInputs {
+        python: "python3",
+        package: &spec.package,
+        agent: &spec.agent,
+        task_id: spec.task.id(),
+        repo_dir: &paths.repo,
+        task_file: &layout.task_file,
+        workdir: &layout.workdir,
+        trace: &layout.trace,
+        seed: spec.seed,
+        llm_url: &format!("unix:{}", paths.llm_socket.display()),
+        model: &spec.model,
+        corpus: &paths.corpus,
+        pycache: None,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs one episode on `backend`: prepares the run directory, runs the agent in the sandbox,
+/// collects `result.json` and the trace, runs a SWE task's tests in the sandbox, judges, and
+/// writes `outcome.json`.
+pub async fn run_episode(
+    backend: &Backend,
+    spec: &EpisodeSpec,
+    cancel: &Cancel,
+) -> Result<EpisodeOutcome, EpisodeError> {
+    let started = Instant::now();
+    let id = spec.id.clone();
+    let run_spec = spec.run_spec();
+    reset_out_dir(&id, &spec.out_dir)?;
+    let layout = {
+        let run_spec = run_spec.clone();
+        tokio::task::spawn_blocking(move || run::prepare(&run_spec))
+            .await
+            .map_err(|e| EpisodeError::Sandbox {
+                id: id.clone(),
+                reason: format!("preparing the run directory panicked: {e}"),
+            })?
+            .map_err(|source| EpisodeError::Prepare {
+                id: id.clone(),
+                source,
+            })?
+    };
+    let audit_log = spec.audit_log();
+    let _ = std::fs::remove_file(&audit_log);
+    let paths = backend.sandbox_paths(spec);
+    let command = agent_command(spec, &paths);
+    let mut env = sandbox_env(&paths, Path::new("/tmp"));
+    env.extend(command.env.iter().cloned());
+    let mut argv = vec![command.program.clone()];
+    argv.extend(command.args.iter().cloned());
+    let job = Job {
+        role: "agent",
+        argv,
+        env: env.clone(),
+        cwd: paths.repo.clone(),
+        timeout: spec.limits.timeout,
+        stdout: layout.stdout.clone(),
+        stderr: layout.stderr.clone(),
+    };
+    if cancel.is_cancelled() {
+        return Err(EpisodeError::Cancelled { id });
+    }
+    let agent = backend
+        .run_job(spec, &job, cancel)
+        .await
+        .map_err(|reason| EpisodeError::Sandbox {
+            id: id.clone(),
+            reason,
+        })?;
+    if agent.cancelled {
+        return Err(EpisodeError::Cancelled { id });
+    }
+    let collected = run::collect(&layout, spec.task.id());
+    let until_collected = started.elapsed();
+
+    let judgement = match &spec.task {
+        Task::Swe(task) if agent.end == ProcessEnd::Exited(0) && collected.result.is_some() => {
+            let tests = Job {
+                role: "tests",
+                argv: vec!["sh".into(), "-c".into(), task.test_command.clone()],
+                env,
+                cwd: paths.layout().task_repo(),
+                timeout: spec.limits.test_timeout,
+                stdout: layout.tests_log.clone(),
+                stderr: layout.tests_log.clone(),
+            };
+            let run = backend
+                .run_job(spec, &tests, cancel)
+                .await
+                .map_err(|reason| EpisodeError::Sandbox {
+                    id: id.clone(),
+                    reason,
+                })?;
+            if run.cancelled {
+                return Err(EpisodeError::Cancelled { id });
+            }
+            match run.end {
+                ProcessEnd::Exited(0) => Judgement {
+                    success: true,
+                    reason: format!("`{}` passed", task.test_command),
+                },
+                other => Judgement {
+                    success: false,
+                    reason: format!(
+                        "`{}` {}: {}",
+                        task.test_command,
+                        other.describe(),
+                        agents::process::tail(&layout.tests_log, 400)
+                    ),
+                },
+            }
+        }
+        _ => run::judge(&run_spec, &layout, agent.end, &collected),
+    };
+
+    let containment = Containment {
+        timed_out: agent.end == ProcessEnd::TimedOut,
+        oom_killed: agent.oom_killed,
+        pids_limit_hits: agent.pids_limit_hits,
+        network_attempts: crate::audit::read_log(&audit_log),
+    };
+    let run = RunOutcome {
+        agent: spec.agent.clone(),
+        task_id: spec.task.id().to_owned(),
+        seed: spec.seed,
+        out_dir: spec.out_dir.clone(),
+        trace: layout.trace.clone(),
+        command: command.shell_line(),
+        end: agent.end,
+        duration_ms: agent.duration.as_millis() as u64,
+        success: judgement.success,
+        collected,
+        judgement,
+    };
+    let agent_ms = ms(agent.duration);
+    let mut outcome = EpisodeOutcome {
+        id: id.clone(),
+        backend: backend.name().into(),
+        isolation: backend.isolation(),
+        run,
+        containment,
+        limits: spec.limits.clone(),
+        timing: Timing {
+            until_collected_ms: ms(until_collected),
+            agent_ms,
+            overhead_ms: (ms(until_collected) - agent_ms).max(0.0),
+            total_ms: 0.0,
+        },
+    };
+    outcome.timing.total_ms = ms(started.elapsed());
+    let json = serde_json::to_string_pretty(&outcome).expect("an outcome serialises");
+    run::write_atomic(&layout.outcome, json.as_bytes()).map_err(|source| {
+        EpisodeError::Prepare {
+            id: id.clone(),
+            source,
+        }
+    })?;
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containment_describes_what_was_stopped() {
+        let limits = Limits {
+            timeout: Duration::from_secs(5),
+            pids: 64,
+            ..Limits::default()
+        };
+        let none = Containment::default();
+        assert!(!none.contained_something());
+        assert!(none.describe(&limits).is_empty());
+        let c = Containment {
+            timed_out: true,
+            oom_killed: false,
+            pids_limit_hits: Some(81),
+            network_attempts: vec!["network: socket.connect to ('192.0.2.1', 9)".into()],
+        };
+        assert!(c.contained_something());
+        assert_eq!(
+            c.describe(&limits),
+            [
+                "ran past its 5 s timeout and was killed",
+                "81 process creations refused at the pids limit (64)",
+                "blocked network access (network: socket.connect to ('192.0.2.1', 9))",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_previous_episodes_are_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = dir.path().join("ep");
+        reset_out_dir("e", &ep).unwrap();
+        std::fs::create_dir_all(ep.join("work")).unwrap();
+        std::fs::write(ep.join("task.json"), "{}").unwrap();
+        reset_out_dir("e", &ep).unwrap();
+        assert!(!ep.exists());
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("precious.txt"), "x").unwrap();
+        let e = reset_out_dir("e", &other).unwrap_err().to_string();
+        assert!(e.contains("refusing to delete"), "{e}");
+        assert!(other.join("precious.txt").exists());
+    }
+
+    #[test]
+    fn sandbox_env_points_the_hook_at_the_episode() {
+        let paths = SandboxPaths {
+            repo: "/agent".into(),
+            out_dir: "/episode".into(),
+            corpus: "/corpus".into(),
+            llm_socket: "/run/pathfinder/llm.sock".into(),
+            audit_dir: "/opt/pathfinder/audit".into(),
+        };
+        let env: std::collections::HashMap<_, _> =
+            sandbox_env(&paths, Path::new("/tmp")).into_iter().collect();
+        assert_eq!(env["PYTHONPATH"], "/opt/pathfinder/audit");
+        assert_eq!(env["PATHFINDER_AUDIT_LOG"], "/episode/audit.jsonl");
+        assert_eq!(
+            env["PATHFINDER_AUDIT_ALLOW_UNIX"],
+            "/run/pathfinder/llm.sock"
+        );
+    }
+}
