@@ -79,6 +79,16 @@ pub fn run_with_timeout(
             });
         }
         if started.elapsed() >= timeout {
+            // SIGTERM first, so the agent can close its trace (every agent turns SIGTERM into
+            // an exception that unwinds through the tracer); whatever is left is killed.
+            signal_group(pid, libc::SIGTERM);
+            let grace = Instant::now();
+            while grace.elapsed() < TERMINATION_GRACE {
+                if child.try_wait()?.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             kill_group(pid);
             let _ = child.wait();
             return Ok(Finished {
@@ -91,11 +101,18 @@ pub fn run_with_timeout(
     }
 }
 
+/// How long a timed-out agent has between SIGTERM and SIGKILL to write its trace.
+const TERMINATION_GRACE: Duration = Duration::from_secs(3);
+
 fn kill_group(pgid: i32) {
+    signal_group(pgid, libc::SIGKILL);
+}
+
+fn signal_group(pgid: i32, signal: libc::c_int) {
     // SAFETY: kill(2) with a negative pid signals the process group we created for the child;
     // it has no memory-safety preconditions.
     unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
+        libc::kill(-pgid, signal);
     }
 }
 
@@ -132,5 +149,30 @@ mod tests {
         let f = run_with_timeout(slow, Duration::from_millis(200), &log, &log).unwrap();
         assert_eq!(f.end, ProcessEnd::TimedOut);
         assert!(f.duration < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_timed_out_child_may_clean_up_and_a_stubborn_one_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let flushed = dir.path().join("flushed");
+        let mut polite = Command::new("sh");
+        polite.args([
+            "-c",
+            &format!(
+                "trap 'echo done > {}; exit 0' TERM; while :; do sleep 0.05; done",
+                flushed.display()
+            ),
+        ]);
+        let f = run_with_timeout(polite, Duration::from_millis(200), &log, &log).unwrap();
+        assert_eq!(f.end, ProcessEnd::TimedOut);
+        assert_eq!(std::fs::read_to_string(&flushed).unwrap().trim(), "done");
+
+        let mut stubborn = Command::new("sh");
+        stubborn.args(["-c", "trap '' TERM; while :; do sleep 0.05; done"]);
+        let f = run_with_timeout(stubborn, Duration::from_millis(200), &log, &log).unwrap();
+        assert_eq!(f.end, ProcessEnd::TimedOut);
+        assert!(f.duration >= TERMINATION_GRACE);
+        assert!(f.duration < TERMINATION_GRACE + Duration::from_secs(2));
     }
 }
