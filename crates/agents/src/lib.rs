@@ -12,6 +12,7 @@ pub mod local;
 pub mod manifest;
 pub mod patch;
 pub mod process;
+pub mod python;
 pub mod run;
 pub mod tasks;
 pub mod workspace;

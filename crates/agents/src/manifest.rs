@@ -169,57 +169,9 @@ impl AgentManifest {
 }
 
 /// The qualified names (`f`, `Class`, `Class.method`, `Outer.Inner.m`) that a Python module
-/// defines, found by indentation. Nested functions inside functions are not listed, matching
-/// what `Class.method` / `function` in a manifest can name.
+/// defines; see [`crate::python::qualified_names`].
 pub fn python_definitions(code: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    // (indent, name, is_class) of enclosing definitions.
-    let mut stack: Vec<(usize, String, bool)> = Vec::new();
-    let mut in_string: Option<&str> = None;
-    for raw in code.lines() {
-        let trimmed = raw.trim_start();
-        if let Some(quote) = in_string {
-            if trimmed.contains(quote) {
-                in_string = None;
-            }
-            continue;
-        }
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        for quote in ["\"\"\"", "'''"] {
-            if trimmed.matches(quote).count() % 2 == 1 {
-                in_string = Some(quote);
-            }
-        }
-        let indent = raw.len() - trimmed.len();
-        while stack.last().is_some_and(|(i, _, _)| *i >= indent) {
-            stack.pop();
-        }
-        let rest = trimmed.strip_prefix("async ").unwrap_or(trimmed);
-        let (is_class, rest) = if let Some(r) = rest.strip_prefix("class ") {
-            (true, r)
-        } else if let Some(r) = rest.strip_prefix("def ") {
-            (false, r)
-        } else {
-            continue;
-        };
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if name.is_empty() {
-            continue;
-        }
-        let inside_function = stack.iter().any(|(_, _, class)| !class);
-        if !inside_function {
-            let mut qual: Vec<&str> = stack.iter().map(|(_, n, _)| n.as_str()).collect();
-            qual.push(&name);
-            found.insert(qual.join("."));
-        }
-        stack.push((indent, name, is_class));
-    }
-    found
+    crate::python::qualified_names(code)
 }
 
 #[cfg(test)]
