@@ -7,9 +7,13 @@
 //! OUT/plan.json                        the options and the planned episodes (checked on resume)
 //! OUT/clean/AGENT/repo/                the agent's clean repository (materialised once)
 //! OUT/clean/AGENT/runs/TASK/           the clean run of TASK (complete when outcome.json exists)
-//! OUT/episodes/ID/artifact/            the bug artifact (repo, diff, type, signature, location)
-//! OUT/episodes/ID/run/                 the injected run (trace.jsonl, outcome.json, …)
-//! OUT/episodes/ID/manifest.json        written last, atomically: the episode is complete
+//! OUT/episodes/DIR/artifact/           the bug artifact (repo, diff, type, signature, location)
+//! OUT/episodes/DIR/run/                the injected run (trace.jsonl, outcome.json, …)
+//! OUT/episodes/DIR/manifest.json       written last, atomically: the episode is complete
+//!
+//! DIR is an opaque digest of the episode id ([`episode_dir_name`]): the injected agent runs
+//! inside it, so its name reaches stack traces and import paths, and a readable
+//! `AGENT.TYPE.VARIANT.TASK` would hand the Detector its answer.
 //! OUT/ledger.jsonl                     completed episodes with their manifests' digests
 //! OUT/store.sqlite                     validated injected traces with their labels
 //! OUT/corpus.jsonl                     one record per validated episode, with its split
@@ -452,7 +456,7 @@ pub fn generate(
     let mut manifests = Vec::with_capacity(total);
     let mut completed_now = 0;
     for (i, ep) in planned.episodes.iter().enumerate() {
-        let dir = out.join("episodes").join(&ep.id);
+        let dir = out.join("episodes").join(episode_dir_name(&ep.id));
         let manifest_path = dir.join("manifest.json");
         if manifest_path.exists() {
             let text = std::fs::read_to_string(&manifest_path).map_err(io(&manifest_path))?;
@@ -606,6 +610,12 @@ pub fn assign_splits(
 }
 
 /// The deterministic content of a record: everything but trace ids and per-run paths.
+/// The directory of an episode under `OUT/episodes/`: the first 16 hex digits of the SHA-256
+/// of its id, which names nothing a Detector could read an answer from.
+pub fn episode_dir_name(id: &str) -> String {
+    hex(&Sha256::digest(id.as_bytes()))[..16].to_owned()
+}
+
 fn canonical(m: &Manifest, split: &str) -> String {
     let mut v = serde_json::to_value(m).expect("serialises");
     if let Some(o) = v.as_object_mut() {

@@ -11,5 +11,7 @@ pub mod keyword;
 pub mod validate;
 
 pub use features::{FeatureDiff, TraceFeatures};
-pub use generate::{generate, plan, CorpusError, Finish, GenerateOptions, Manifest, Report};
+pub use generate::{
+    episode_dir_name, generate, plan, CorpusError, Finish, GenerateOptions, Manifest, Report,
+};
 pub use validate::{Check, NonTriviality, Validation};

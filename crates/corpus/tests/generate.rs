@@ -51,9 +51,16 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     let p2_dir = std::fs::read_dir(a.join("episodes"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().contains(".P2."))
+        .find(|p| {
+            let m: Manifest = serde_json::from_str(&read(&p.join("manifest.json"))).unwrap();
+            m.deficiency == "P2"
+        })
         .unwrap();
+    // Episode directories are opaque: the injected agent runs inside them.
+    let name = p2_dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!name.contains("P2") && name.len() == 16, "{name}");
     let m: Manifest = serde_json::from_str(&read(&p2_dir.join("manifest.json"))).unwrap();
+    assert_eq!(name, corpus::episode_dir_name(&m.id));
     let v = &m.validation;
     assert!(v.valid && v.applies.passed);
     assert!(v.runs.as_ref().unwrap().passed);
@@ -101,7 +108,7 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     assert!(!b.join("digest").exists());
     let plan: serde_json::Value = serde_json::from_str(&read(&b.join("plan.json"))).unwrap();
     let second_id = plan["episodes"][1]["id"].as_str().unwrap();
-    let partial = b.join("episodes").join(second_id);
+    let partial = b.join("episodes").join(corpus::episode_dir_name(second_id));
     std::fs::create_dir_all(partial.join("run")).unwrap();
     std::fs::write(partial.join("run/trace.jsonl"), "{\"half\": ").unwrap();
     std::fs::write(b.join(".store.sqlite.partial"), "garbage").unwrap();

@@ -172,6 +172,8 @@ impl SqlTool {
         let denial: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let note = Arc::clone(&denial);
         conn.authorizer(Some(move |ctx: AuthContext<'_>| match authorize(&ctx) {
+            // A hidden column reads as NULL, so `SELECT *` still works.
+            Ok(()) if reads_hidden_column(&ctx) => Authorization::Ignore,
             Ok(()) => Authorization::Allow,
             Err(reason) => {
                 if let Ok(mut slot) = note.lock() {
@@ -273,6 +275,12 @@ impl SqlTool {
         }
         Ok(render_table(&names, &table, more, self.limits.rows))
     }
+}
+
+/// Whether the action reads a column the Detector must not see (`traces.source`).
+fn reads_hidden_column(ctx: &AuthContext<'_>) -> bool {
+    matches!(ctx.action, AuthAction::Read { table_name, column_name }
+        if traces::schema::is_hidden_column(table_name, column_name))
 }
 
 /// The authorizer's decision, with a reason a policy can act on.

@@ -15,6 +15,18 @@ use crate::redact::prompt_safe;
 /// Tables discovery never mentions: ground truth and bookkeeping.
 pub const HIDDEN_TABLES: &[&str] = &["labels", "meta"];
 
+/// Columns that discovery, exports and the Detector never show, as (table, column).
+/// `traces.source` is the path a trace was imported from, and a generated corpus names its
+/// episode directories after their ground truth.
+pub const HIDDEN_COLUMNS: &[(&str, &str)] = &[("traces", "source")];
+
+/// Whether `table.column` is one of [`HIDDEN_COLUMNS`].
+pub fn is_hidden_column(table: &str, column: &str) -> bool {
+    HIDDEN_COLUMNS
+        .iter()
+        .any(|(t, c)| t.eq_ignore_ascii_case(table) && c.eq_ignore_ascii_case(column))
+}
+
 /// How long one sample value may be in the rendering.
 const SAMPLE_VALUE_CHARS: usize = 72;
 /// How many values each distribution lists.
@@ -150,10 +162,14 @@ fn columns(conn: &Connection, table: &str) -> Result<Vec<String>> {
             let name: String = r.get(1)?;
             let ty: String = r.get(2)?;
             let pk: i64 = r.get(5)?;
-            Ok(format!("{name} {ty}{}", if pk > 0 { " PK" } else { "" }))
+            Ok((name, ty, pk))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(cols)
+    Ok(cols
+        .into_iter()
+        .filter(|(name, _, _)| !is_hidden_column(table, name))
+        .map(|(name, ty, pk)| format!("{name} {ty}{}", if pk > 0 { " PK" } else { "" }))
+        .collect())
 }
 
 /// `value (count), …` for the first [`TOP_VALUES`] rows of a two-column query.
@@ -190,7 +206,7 @@ fn sample_rows(conn: &Connection, table: &str, sql: &str) -> Result<Vec<String>>
         let mut fields = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let value = r.get_ref(i)?;
-            if matches!(value, ValueRef::Null) {
+            if matches!(value, ValueRef::Null) || is_hidden_column(table, name) {
                 continue;
             }
             fields.push(format!(

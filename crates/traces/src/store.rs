@@ -618,7 +618,9 @@ impl Store {
             .query_row([trace_id], |r| {
                 let mut obj = Map::new();
                 for (i, name) in names.iter().enumerate() {
-                    obj.insert(name.clone(), sql_to_json(r.get_ref(i)?));
+                    if !crate::schema::is_hidden_column("traces", name) {
+                        obj.insert(name.clone(), sql_to_json(r.get_ref(i)?));
+                    }
                 }
                 Ok(obj)
             })
