@@ -321,15 +321,15 @@ fn prepare_clean(out: &Path, agent: Agent) -> Result<CleanAgent, CorpusError> {
     })
 }
 
-struct Runner<'a> {
-    workspace: &'a Workspace,
+struct Runner {
+    workspace: Workspace,
     endpoint: Endpoint,
-    options: &'a GenerateOptions,
+    options: GenerateOptions,
     /// Shared by every episode (one syntax-checking interpreter).
     inject: Options,
 }
 
-impl Runner<'_> {
+impl Runner {
     fn spec(&self, agent: &Agent, task: &Task, repo: &Path, out_dir: &Path) -> RunSpec {
         RunSpec {
             agent: agent.name.clone(),
@@ -445,13 +445,7 @@ pub fn generate(
         }
     }
 
-    let runner = Runner {
-        workspace,
-        endpoint: Endpoint::start(workspace, &Llm::Scripted)?,
-        options,
-        inject: Options::new(options.python.clone()),
-    };
-    let mut clean_agents: BTreeMap<String, CleanAgent> = BTreeMap::new();
+    let mut runner = EpisodeRunner::new(workspace, catalog, options, out)?;
     let total = planned.episodes.len();
     let mut manifests = Vec::with_capacity(total);
     let mut completed_now = 0;
@@ -472,12 +466,7 @@ pub fn generate(
                 remaining: total - i,
             });
         }
-        if !clean_agents.contains_key(&ep.agent) {
-            let agent = workspace.agent(&ep.agent, catalog)?;
-            clean_agents.insert(ep.agent.clone(), prepare_clean(out, agent)?);
-        }
-        let clean = &clean_agents[&ep.agent];
-        let m = run_episode(&runner, catalog, clean, ep, &dir, out)?;
+        let m = runner.run(ep)?;
         write_atomic(&manifest_path, to_json(&m).as_bytes())?;
         completed_now += 1;
         on_episode(i + 1, total, &m);
@@ -487,27 +476,114 @@ pub fn generate(
     Ok(Finish::Complete(report))
 }
 
+/// Runs single planned episodes into an output directory with the layout above: the clean run
+/// of each (agent, task) once, then the injection, the injected run and its validation. Corpus
+/// generation drives it over a plan; the self-play trainer drives it one Injector choice at a
+/// time.
+pub struct EpisodeRunner {
+    runner: Runner,
+    catalog: Catalog,
+    clean: BTreeMap<String, CleanAgent>,
+    out: PathBuf,
+}
+
+impl EpisodeRunner {
+    /// Starts the scripted LLM endpoint and the syntax-checking interpreter; `out` is created.
+    pub fn new(
+        workspace: &Workspace,
+        catalog: &Catalog,
+        options: &GenerateOptions,
+        out: &Path,
+    ) -> Result<EpisodeRunner, CorpusError> {
+        let out = std::path::absolute(out).map_err(io(out))?;
+        std::fs::create_dir_all(&out).map_err(io(&out))?;
+        Ok(EpisodeRunner {
+            runner: Runner {
+                workspace: workspace.clone(),
+                endpoint: Endpoint::start(workspace, &Llm::Scripted)?,
+                options: options.clone(),
+                inject: Options::new(options.python.clone()),
+            },
+            catalog: catalog.clone(),
+            clean: BTreeMap::new(),
+            out,
+        })
+    }
+
+    /// The output directory (absolute); manifests' `trace` paths are relative to it.
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    /// Runs `ep` from scratch in `OUT/episodes/DIR/` (an earlier partial attempt is removed) and
+    /// returns its manifest; the caller decides whether to write it.
+    pub fn run(&mut self, ep: &Planned) -> Result<Manifest, CorpusError> {
+        if !self.clean.contains_key(&ep.agent) {
+            let agent = self.runner.workspace.agent(&ep.agent, &self.catalog)?;
+            self.clean
+                .insert(ep.agent.clone(), prepare_clean(&self.out, agent)?);
+        }
+        let dir = self.out.join("episodes").join(episode_dir_name(&ep.id));
+        run_episode(
+            &self.runner,
+            &self.catalog,
+            &self.clean[&ep.agent],
+            ep,
+            &dir,
+            &self.out,
+            None,
+        )
+    }
+
+    /// Like [`EpisodeRunner::run`] for a free-form unified diff (a model's proposal) instead of
+    /// `ep`'s template; `ep.variant` only names the episode. A diff the engine rejects gives a
+    /// manifest whose `applies` check failed, with the engine's reason.
+    pub fn run_diff(&mut self, ep: &Planned, diff: &str) -> Result<Manifest, CorpusError> {
+        if !self.clean.contains_key(&ep.agent) {
+            let agent = self.runner.workspace.agent(&ep.agent, &self.catalog)?;
+            self.clean
+                .insert(ep.agent.clone(), prepare_clean(&self.out, agent)?);
+        }
+        let dir = self.out.join("episodes").join(episode_dir_name(&ep.id));
+        run_episode(
+            &self.runner,
+            &self.catalog,
+            &self.clean[&ep.agent],
+            ep,
+            &dir,
+            &self.out,
+            Some(diff),
+        )
+    }
+}
+
 fn run_episode(
-    runner: &Runner<'_>,
+    runner: &Runner,
     catalog: &Catalog,
     clean: &CleanAgent,
     ep: &Planned,
     dir: &Path,
     out: &Path,
+    diff: Option<&str>,
 ) -> Result<Manifest, CorpusError> {
     if dir.exists() {
         // An episode interrupted before its manifest: redo it from scratch.
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let options = runner.options;
+    let options = &runner.options;
     let task = runner.workspace.task(&clean.agent, &ep.task)?;
     let clean_facts = runner.clean(clean, &task)?;
-    let template_path = options
-        .templates_dir
-        .join(&ep.agent)
-        .join(format!("{}-{}.toml", ep.deficiency, ep.variant));
-    let t = template::load(&template_path, catalog)?;
+    let template = match diff {
+        Some(_) => None,
+        None => {
+            let template_path = options
+                .templates_dir
+                .join(&ep.agent)
+                .join(format!("{}-{}.toml", ep.deficiency, ep.variant));
+            Some(template::load(&template_path, catalog)?)
+        }
+    };
     let def = catalog
         .get(&ep.deficiency)
         .ok_or_else(|| CorpusError::Plan(format!("{} is not a catalog id", ep.deficiency)))?;
@@ -517,8 +593,14 @@ fn run_episode(
         task: ep.task.clone(),
         deficiency: ep.deficiency.clone(),
         variant: ep.variant.clone(),
-        strategy: t.strategy.as_str().into(),
-        template: format!("{}/{}-{}.toml", ep.agent, ep.deficiency, ep.variant),
+        strategy: template
+            .as_ref()
+            .map_or("free-form", |t| t.strategy.as_str())
+            .into(),
+        template: match &template {
+            Some(_) => format!("{}/{}-{}.toml", ep.agent, ep.deficiency, ep.variant),
+            None => String::new(),
+        },
         seed: options.seed,
         diff: String::new(),
         location: None,
@@ -528,13 +610,24 @@ fn run_episode(
         validation: Validation::not_applied(String::new()),
         trace: None,
     };
-    let artifact = match inject::inject_template(
-        &clean.agent,
-        &t,
-        catalog,
-        &dir.join("artifact"),
-        &runner.inject,
-    ) {
+    let injected = match (&template, diff) {
+        (Some(t), _) => inject::inject_template(
+            &clean.agent,
+            t,
+            catalog,
+            &dir.join("artifact"),
+            &runner.inject,
+        ),
+        (None, diff) => inject::inject_diff(
+            &clean.agent,
+            diff.unwrap_or_default(),
+            Some(&ep.deficiency),
+            catalog,
+            &dir.join("artifact"),
+            &runner.inject,
+        ),
+    };
+    let artifact = match injected {
         Ok(a) => a,
         Err(e) => {
             m.validation = Validation::not_applied(e.to_string());

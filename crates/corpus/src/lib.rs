@@ -12,6 +12,7 @@ pub mod validate;
 
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
-    episode_dir_name, generate, plan, CorpusError, Finish, GenerateOptions, Manifest, Report,
+    episode_dir_name, generate, plan, CorpusError, EpisodeRunner, Finish, GenerateOptions,
+    Manifest, Planned, Report,
 };
 pub use validate::{Check, NonTriviality, Validation};

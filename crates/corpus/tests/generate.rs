@@ -145,3 +145,47 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     let err = generate(&workspace, &catalog, &other, &b, |_, _, _| {}).unwrap_err();
     assert!(err.to_string().contains("other options"), "{err}");
 }
+
+#[test]
+fn a_model_written_diff_runs_like_the_template_it_rewrites_and_garbage_is_rejected() {
+    let workspace = Workspace::open(&root().join("agents")).unwrap();
+    let catalog = Catalog::embedded().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut runner =
+        corpus::EpisodeRunner::new(&workspace, &catalog, &options(None), tmp.path()).unwrap();
+    let plan = corpus::plan(&workspace, &catalog, &options(None)).unwrap();
+    let ep = plan
+        .episodes
+        .iter()
+        .find(|e| e.deficiency == "P2")
+        .unwrap()
+        .clone();
+    let templated = runner.run(&ep).unwrap();
+    assert!(templated.validation.applies.passed, "{templated:?}");
+    assert!(!templated.diff.is_empty());
+
+    // The same change, proposed as a free-form diff.
+    let free = corpus::Planned {
+        id: format!("{}.free", ep.id),
+        ..ep.clone()
+    };
+    let m = runner.run_diff(&free, &templated.diff).unwrap();
+    assert_eq!(m.strategy, "free-form");
+    assert!(m.validation.applies.passed, "{:?}", m.validation);
+    assert_eq!(m.validation.valid, templated.validation.valid);
+    assert_eq!(
+        m.injected.as_ref().map(|r| &r.features),
+        templated.injected.as_ref().map(|r| &r.features)
+    );
+
+    // Not a diff at all: refused with the engine's reason, nothing run.
+    let junk = corpus::Planned {
+        id: format!("{}.junk", ep.id),
+        ..ep
+    };
+    let m = runner
+        .run_diff(&junk, "sql: SELECT 1 -- not a patch")
+        .unwrap();
+    assert!(!m.validation.applies.passed && !m.validation.valid);
+    assert!(m.injected.is_none());
+}

@@ -161,7 +161,7 @@ pub fn run(
     db: &Path,
     traces: &[Labelled],
     options: &RunOptions,
-    mut on_done: impl FnMut(&Case),
+    on_done: impl FnMut(&Case),
 ) -> Result<Vec<Case>> {
     if !DETECTORS.contains(&options.detector.as_str()) {
         return Err(Error::Detector(format!(
@@ -174,42 +174,65 @@ pub fn run(
         ablations: options.ablations,
         ..Config::default()
     };
+    run_policies(
+        db,
+        traces,
+        config,
+        |_| detect::policies::by_name(&options.detector).map_err(Error::Detector),
+        on_done,
+    )
+}
+
+/// [`run`] with any policy: `make_policy` builds a fresh one for each trace (a learned
+/// Detector, say). The same scoring as for the built-in detectors.
+pub fn run_policies(
+    db: &Path,
+    traces: &[Labelled],
+    config: Config,
+    mut make_policy: impl FnMut(&Labelled) -> Result<Box<dyn detect::Policy>>,
+    mut on_done: impl FnMut(&Case),
+) -> Result<Vec<Case>> {
     let detector = Detector::new(PathBuf::from(db), config, false)
         .map_err(|e| Error::Detector(format!("starting the detector: {e}")))?;
     let mut cases = Vec::with_capacity(traces.len());
     for t in traces {
-        let policy = detect::policies::by_name(&options.detector).map_err(Error::Detector)?;
+        let policy = make_policy(t)?;
         let transcript = detector
             .investigate(&t.trace_id, policy)
             .map_err(|source| Error::Detect {
                 trace_id: t.trace_id.clone(),
                 cause: Box::new(source),
             })?;
-        let predicted = match transcript.verdict() {
-            Some(Verdict::Deficiency {
-                deficiency_id,
-                component,
-                ..
-            }) => Some(Prediction {
-                deficiency_id: deficiency_id.clone(),
-                component: component.clone(),
-                file: None,
-                function: None,
-            }),
-            _ => None,
-        };
-        let case = Case {
-            trace_id: t.trace_id.clone(),
-            truth: t.truth.clone(),
-            predicted,
-            tool_calls: tool_calls(&transcript),
-            agent: t.agent.clone(),
-            outcome: transcript.outcome.describe(),
-        };
+        let case = case_of(t, &transcript);
         on_done(&case);
         cases.push(case);
     }
     Ok(cases)
+}
+
+/// Scores one investigation of `t`.
+pub fn case_of(t: &Labelled, transcript: &Transcript) -> Case {
+    let predicted = match transcript.verdict() {
+        Some(Verdict::Deficiency {
+            deficiency_id,
+            component,
+            ..
+        }) => Some(Prediction {
+            deficiency_id: deficiency_id.clone(),
+            component: component.clone(),
+            file: None,
+            function: None,
+        }),
+        _ => None,
+    };
+    Case {
+        trace_id: t.trace_id.clone(),
+        truth: t.truth.clone(),
+        predicted,
+        tool_calls: tool_calls(transcript),
+        agent: t.agent.clone(),
+        outcome: transcript.outcome.describe(),
+    }
 }
 
 #[cfg(test)]

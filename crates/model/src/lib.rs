@@ -17,6 +17,7 @@ pub mod generate;
 pub mod load;
 pub mod lora;
 pub mod model;
+pub mod testing;
 pub mod tokenizer;
 pub mod train;
 
@@ -29,6 +30,6 @@ pub use lora::{Adapter, LoraConfig, LoraPair, Projection, ValueHead};
 pub use model::{random_hf_tensors, Model};
 pub use tokenizer::{ChatMessage, ChatTokenizer};
 pub use train::{
-    entropy, gather_logprobs, log_softmax, masked_mean, AdamW, AdamWConfig, Gradients,
+    entropy, gather_logprobs, log_softmax, masked_mean, AdamW, AdamWConfig, AdamWState, Gradients,
     PolicyOutput, StepReport,
 };

@@ -345,6 +345,52 @@ impl AdamW {
     }
 }
 
+/// What a checkpoint needs to continue an [`AdamW`] exactly: its step count and both moments.
+#[derive(Debug, Clone)]
+pub struct AdamWState {
+    pub step: u64,
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+}
+
+impl AdamW {
+    /// A copy of the step count and moments, in parameter order.
+    pub fn state(&self) -> AdamWState {
+        AdamWState {
+            step: self.step,
+            m: self.m.clone(),
+            v: self.v.clone(),
+        }
+    }
+
+    /// Continues from a saved state; every moment must match its parameter's shape.
+    pub fn restore(&mut self, state: AdamWState) -> Result<()> {
+        if state.m.len() != self.vars.len() || state.v.len() != self.vars.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "optimizer state holds {} / {} moments for {} parameters",
+                state.m.len(),
+                state.v.len(),
+                self.vars.len()
+            )));
+        }
+        for (i, var) in self.vars.iter().enumerate() {
+            for (name, t) in [("m", &state.m[i]), ("v", &state.v[i])] {
+                if t.dims() != var.dims() {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "optimizer state `{name}` of parameter {i} has shape {:?}, the parameter {:?}",
+                        t.dims(),
+                        var.dims()
+                    )));
+                }
+            }
+        }
+        self.step = state.step;
+        self.m = state.m;
+        self.v = state.v;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

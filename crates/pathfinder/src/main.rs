@@ -40,6 +40,12 @@ enum Command {
     /// Score a detector on a labelled store, or a blame baseline on labelled chat logs, with
     /// bootstrap confidence intervals.
     Eval(cli::eval::EvalArgs),
+    /// Self-play training: warm start on expert demonstrations, then PPO on the Injector and
+    /// Detector adapters, with checkpoints and held-out evaluation.
+    Train(cli::train::TrainArgs),
+    /// A training run's report: Markdown (SFT only against SFT + PPO, Table 9) and PNG charts
+    /// of its metrics in RUN/report/; several runs are also compared.
+    Report(cli::report::ReportArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +68,8 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => cli::inject::run(args),
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Eval(args) => cli::eval::run(args),
+        Command::Train(args) => cli::train::run(args),
+        Command::Report(args) => cli::report::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -295,13 +295,13 @@ fn comparison_and_ablation_table_over_one_store() {
         .unwrap();
     assert!(!out.status.success(), "a switch and the table conflict");
     let out = pathfinder()
-        .args(["eval", "--detector", "zero-shot", "--db"])
+        .args(["eval", "--detector", "keyword,oracle", "--db"])
         .arg(&db)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && stderr.contains("not implemented"),
+        !out.status.success() && stderr.contains("`oracle`") && stderr.contains("checkpoint:DIR"),
         "{stderr}"
     );
 }

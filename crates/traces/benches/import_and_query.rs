@@ -3,8 +3,11 @@
 //! inserts for the import, and raw-span SQL without the rollups for the queries.
 //!
 //! Run: `cargo bench -p traces --bench import_and_query` (options after `--`:
-//! `--traces N --spans-per-trace M --query-runs R --naive-seconds S`). Without cargo bench's
-//! `--bench` flag (e.g. under `cargo test --all-targets`) it does nothing.
+//! `--traces N --spans-per-trace M --query-runs R --naive-seconds S --phases F --dir DIR
+//! --import-only`). `--phases F` times the import's phases on the first F files (default 100;
+//! 0 skips); `--dir` keeps the generated traces and reuses them; `--import-only` stops after
+//! the import, for profiling. Without cargo bench's `--bench` flag (e.g. under
+//! `cargo test --all-targets`) it does nothing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +22,12 @@ struct Options {
     spans_per_trace: usize,
     query_runs: usize,
     naive_seconds: f64,
+    /// Keep the generated traces here and reuse them on the next run (`--dir DIR`).
+    dir: Option<PathBuf>,
+    /// Stop after the `Store::import_files` measurement (`--import-only`), for profiling.
+    import_only: bool,
+    /// Time the import's phases on the first files, one thread (`--phases N`; 0: skip).
+    phases: usize,
 }
 
 fn parse_options() -> Option<Options> {
@@ -31,9 +40,20 @@ fn parse_options() -> Option<Options> {
         spans_per_trace: 1000,
         query_runs: 200,
         naive_seconds: 20.0,
+        dir: None,
+        import_only: false,
+        phases: 100,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
+        if arg == "--import-only" {
+            options.import_only = true;
+            continue;
+        }
+        if arg == "--dir" {
+            options.dir = Some(PathBuf::from(it.next().expect("--dir needs a path")));
+            continue;
+        }
         let mut value = || {
             it.next()
                 .and_then(|v| v.parse::<f64>().ok())
@@ -44,6 +64,7 @@ fn parse_options() -> Option<Options> {
             "--spans-per-trace" => options.spans_per_trace = value() as usize,
             "--query-runs" => options.query_runs = value() as usize,
             "--naive-seconds" => options.naive_seconds = value(),
+            "--phases" => options.phases = value() as usize,
             _ => {}
         }
     }
@@ -202,6 +223,83 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// The calling thread's user + system CPU time (Linux).
+fn thread_cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(") ")
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// CPU time per phase of an import on one thread, in microseconds per span: reading the
+/// files, parsing JSON Lines into spans, assembling traces (validation, derived columns,
+/// rollups), then committing (`Store::import_file`, all phases) into a store with and without
+/// the secondary indexes of `spans`; the differences give the SQLite inserts and the index
+/// maintenance.
+fn time_phases(dir: &Path, files: &[PathBuf]) {
+    let per_span = |d: Duration, spans: usize| d.as_secs_f64() * 1e6 / spans.max(1) as f64;
+    let mut spans = 0usize;
+    let started = thread_cpu_time();
+    for file in files {
+        std::hint::black_box(std::fs::read(file).expect("read"));
+    }
+    let read = thread_cpu_time() - started;
+    let started = thread_cpu_time();
+    let mut batches = Vec::new();
+    for file in files {
+        let (_, batch) = traces::import::read_file(file, Format::Jsonl).expect("parse");
+        spans += batch.spans.len();
+        batches.push(batch);
+    }
+    let parse = thread_cpu_time() - started - read;
+    let started = thread_cpu_time();
+    for batch in batches {
+        std::hint::black_box(
+            traces::assemble::assemble(batch, "bench", Format::Jsonl, &Default::default())
+                .expect("assemble"),
+        );
+    }
+    let assemble = thread_cpu_time() - started;
+    let whole = |name: &str, drop_indexes: bool| {
+        let mut store = Store::open(dir.join(name)).expect("open store");
+        if drop_indexes {
+            store
+                .connection()
+                .execute_batch(
+                    "DROP INDEX spans_by_tool; DROP INDEX spans_errors; DROP INDEX spans_by_error_type;",
+                )
+                .expect("drop indexes");
+        }
+        let started = thread_cpu_time();
+        for file in files {
+            store.import_file(file, Format::Jsonl).expect("import");
+        }
+        thread_cpu_time() - started
+    };
+    let with_indexes = whole("phases.db", false);
+    let without = whole("phases-noindex.db", true);
+    let inserts = without.saturating_sub(read + parse + assemble);
+    println!(
+        "phases (one thread, {} files, CPU µs/span): read {:.2}, parse {:.2}, assemble {:.2}, \
+         encode + SQLite inserts + commit {:.2}, secondary span indexes {:.2}; whole import {:.2}",
+        files.len(),
+        per_span(read, spans),
+        per_span(parse, spans),
+        per_span(assemble, spans),
+        per_span(inserts, spans),
+        per_span(with_indexes.saturating_sub(without), spans),
+        per_span(with_indexes, spans),
+    );
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
@@ -239,22 +337,31 @@ fn main() {
         eprintln!("import_and_query: run with `cargo bench -p traces --bench import_and_query`");
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
+    let temp = tempfile::tempdir().expect("temp dir");
+    let inputs = match &options.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).expect("create --dir");
+            dir.clone()
+        }
+        None => temp.path().to_path_buf(),
+    };
     let total = options.traces * options.spans_per_trace;
     println!(
         "generating {} traces x {} spans = {total} spans in {}",
         options.traces,
         options.spans_per_trace,
-        dir.path().display()
+        inputs.display()
     );
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let files: Vec<PathBuf> = (0..options.traces)
-        .map(|t| {
-            let path = dir.path().join(format!("trace-{t:05}.jsonl"));
-            write_trace(&path, t, options.spans_per_trace, &mut rng).expect("write trace");
-            path
-        })
+        .map(|t| inputs.join(format!("trace-{t:05}-of-{}.jsonl", options.spans_per_trace)))
         .collect();
+    // A `--dir` that already holds every file is reused as it is.
+    if !files.iter().all(|f| f.is_file()) {
+        for (t, path) in files.iter().enumerate() {
+            write_trace(path, t, options.spans_per_trace, &mut rng).expect("write trace");
+        }
+    }
     let bytes: u64 = files
         .iter()
         .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
@@ -264,6 +371,10 @@ fn main() {
         bytes as f64 / (1 << 20) as f64
     );
 
+    let dir = temp;
+    if options.phases > 0 {
+        time_phases(dir.path(), &files[..files.len().min(options.phases)]);
+    }
     let db = dir.path().join("store.db");
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut store = Store::open(&db).expect("open store");
@@ -288,6 +399,9 @@ fn main() {
         ours,
         import_cpu.as_secs_f64()
     );
+    if options.import_only {
+        return;
+    }
     let single_db = dir.path().join("single.db");
     let mut single = Store::open(&single_db).expect("open store");
     let subset = &files[..files.len().min(100)];

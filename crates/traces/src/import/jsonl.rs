@@ -99,11 +99,12 @@ fn parsed_span(source: &str, line: &str, line_no: usize) -> Result<Span> {
 /// JSON text, or `None` to take the ordinary path.
 fn fast_span(line: &str) -> Option<(Span, String)> {
     let parsed: Line<'_, &RawValue> = serde_json::from_str(line).ok()?;
-    let text = compact_json(parsed.attributes.map_or("{}", RawValue::get))?;
-    let span = {
-        let attributes = RawAttributes::parse(&text)?;
-        to_span(parsed, &attributes).ok()?
-    };
+    let raw = parsed.attributes.map_or("{}", RawValue::get);
+    let attributes = RawAttributes::parse(raw)?;
+    let text = attributes
+        .compact(raw.len())
+        .or_else(|| compact_json(raw))?;
+    let span = to_span(parsed, &attributes).ok()?;
     Some((span, text))
 }
 
@@ -146,6 +147,34 @@ impl<'a> RawAttributes<'a> {
             return None;
         }
         Some(attributes)
+    }
+
+    /// The object as compact JSON text, rebuilt from its members: keys and scalar values are
+    /// copied as written (neither holds whitespace outside strings), only nested objects and
+    /// arrays are scanned. `None` when a key holds escapes (its written form is not at hand;
+    /// [`compact_json`] on the whole text then gives it) or a value nests too deep.
+    fn compact(&self, capacity: usize) -> Option<String> {
+        let mut out = String::with_capacity(capacity);
+        out.push('{');
+        for (i, (key, value)) in self.0.iter().enumerate() {
+            let Cow::Borrowed(key) = key else {
+                return None;
+            };
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('"');
+            out.push_str(key);
+            out.push_str("\":");
+            let value = value.get();
+            if value.starts_with(['{', '[']) {
+                out.push_str(&compact_nested(value, FAST_PATH_MAX_NESTING - 1)?);
+            } else {
+                out.push_str(value);
+            }
+        }
+        out.push('}');
+        Some(out)
     }
 
     fn get(&self, key: &str) -> Option<&'a str> {
@@ -236,6 +265,11 @@ impl<'de> Deserialize<'de> for Key<'de> {
 /// `text` (valid JSON) without the whitespace between tokens, or `None` when it nests deeper
 /// than [`FAST_PATH_MAX_NESTING`].
 fn compact_json(text: &str) -> Option<String> {
+    compact_nested(text, FAST_PATH_MAX_NESTING)
+}
+
+/// [`compact_json`] with another nesting limit.
+fn compact_nested(text: &str, max_nesting: usize) -> Option<String> {
     let mut out = Vec::with_capacity(text.len());
     let (mut in_string, mut escaped, mut depth) = (false, false, 0usize);
     for &b in text.as_bytes() {
@@ -253,7 +287,7 @@ fn compact_json(text: &str) -> Option<String> {
                 b'"' => in_string = true,
                 b'{' | b'[' => {
                     depth += 1;
-                    if depth > FAST_PATH_MAX_NESTING {
+                    if depth > max_nesting {
                         return None;
                     }
                 }
@@ -335,6 +369,29 @@ mod tests {
         assert_eq!(span.input.as_deref(), Some(" spaced  text "));
         assert!(text.contains(r#""input.value":" spaced  text ""#), "{text}");
         assert_eq!((span.code_lineno, span.input_tokens), (Some(12), Some(7)));
+    }
+
+    /// Rebuilding from the members gives exactly what scanning the whole text gives.
+    #[test]
+    fn rebuilt_attributes_match_the_compacted_text() {
+        for raw in [
+            r#"{}"#,
+            r#"{ "a" : 1 , "b": "x y", "c": {"d": [1, {"e": null}], "f": "g h"}, "i": [ ] }"#,
+            r#"{"k":"a \"quoted\" value","n":-1.5e3,"t":true}"#,
+        ] {
+            let members = RawAttributes::parse(raw).unwrap();
+            assert_eq!(members.compact(raw.len()), compact_json(raw), "{raw}");
+        }
+        // A key with escapes is left to the whole-text scan, which keeps it as written.
+        let raw = r#"{"k\u0065y": 1}"#;
+        assert_eq!(RawAttributes::parse(raw).unwrap().compact(0), None);
+        let line = format!(r#"{{"trace_id":"t","span_id":"s","name":"n","attributes":{raw}}}"#);
+        assert_eq!(fast_span(&line).unwrap().1, r#"{"k\u0065y":1}"#);
+        // Nesting too deep inside a value declines the fast path as before.
+        let deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+        let line =
+            format!(r#"{{"trace_id":"t","span_id":"s","name":"n","attributes":{{"a":{deep}}}}}"#);
+        assert!(fast_span(&line).is_none());
     }
 
     #[test]

@@ -1,0 +1,68 @@
+//! `pathfinder train`: self-play training of the Injector and Detector adapters (a supervised
+//! warm start on the expert's demonstrations, then PPO steps), resumable from the newest
+//! checkpoint; prints held-out detection accuracy before and after.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rl::trainer::{TrainOptions, Trainer};
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The run configuration (see rl/README.md).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// The run's name: checkpoints, metrics and episodes go to RUNS_DIR/NAME.
+    #[arg(long, value_name = "NAME")]
+    run: String,
+    #[arg(long, value_name = "DIR", default_value = "checkpoints")]
+    runs_dir: PathBuf,
+    /// Continue the run from its newest checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Only the supervised warm start (and its held-out evaluation).
+    #[arg(long)]
+    sft: bool,
+    /// Stop after this many PPO steps in this invocation; the run stays resumable.
+    #[arg(long, value_name = "N")]
+    max_steps: Option<u64>,
+    /// The repository root (with agents/ and deficiencies/); paths in the configuration are
+    /// relative to it.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    root: PathBuf,
+}
+
+pub fn run(args: TrainArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let run_dir = args.runs_dir.join(&args.run);
+    let options = TrainOptions {
+        root: std::path::absolute(&args.root)?,
+        run_dir: run_dir.clone(),
+        resume: args.resume,
+        sft_only: args.sft,
+        max_steps: args.max_steps,
+        progress: true,
+    };
+    let mut trainer = Trainer::new(&text, &args.config, options)?;
+    let outcome = trainer.run()?;
+    let show = |label: &str, acc: &Option<rl::evaluate::Accuracy>| {
+        match acc {
+        Some(a) => println!(
+            "{label}: detection {:.1}%, localisation {:.1}%, {:.1} tool calls on {} held-out traces",
+            100.0 * a.detection,
+            100.0 * a.localisation,
+            a.avg_tool_calls,
+            a.n
+        ),
+        None => println!("{label}: not evaluated (no corpus configured, or the run is not finished)"),
+    }
+    };
+    show("before PPO (warm start only)", &outcome.before);
+    if !args.sft {
+        show(&format!("after step {}", outcome.last_step), &outcome.after);
+    }
+    println!("run: {}", run_dir.display());
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The learned Detector: a `detect::Policy` whose turns a model with a LoRA adapter writes under
+//! the action grammar, recording the episode's tokens for training.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use detect::{Policy, View};
+use model::{ChatTokenizer, DType, Device, KvCache, Model, SamplingParams};
+
+use crate::chat::{ChatFormat, Conversation};
+use crate::grammar::ActionGrammar;
+use crate::prompt;
+use crate::Result;
+
+/// A model with its tokenizer and chat format; shared by the policies of one process.
+pub struct PolicyModel {
+    pub model: Model,
+    pub tokenizer: ChatTokenizer,
+    pub format: ChatFormat,
+    /// Where the base weights came from (recorded in adapter files).
+    pub base_name: String,
+}
+
+pub type SharedModel = Arc<Mutex<PolicyModel>>;
+
+impl PolicyModel {
+    /// Loads a GGUF file or a Hugging Face directory and checks its chat format.
+    pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<PolicyModel> {
+        let loaded = model::load(path, dtype, device)?;
+        PolicyModel::new(loaded.model, loaded.tokenizer, path.display().to_string())
+    }
+
+    pub fn new(model: Model, tokenizer: ChatTokenizer, base_name: String) -> Result<PolicyModel> {
+        let format = ChatFormat::of(&tokenizer)?;
+        Ok(PolicyModel {
+            model,
+            tokenizer,
+            format,
+            base_name,
+        })
+    }
+
+    /// Samples one reply to `conversation` (which must end with an open reply) with `adapter`
+    /// under `allowed`, continuing `cache`; returns the reply's tokens.
+    pub fn reply(
+        &mut self,
+        adapter: Option<&str>,
+        cache: &mut KvCache,
+        conversation: &Conversation,
+        params: &SamplingParams,
+        allowed: &dyn Fn(&[u32]) -> Option<Vec<u32>>,
+    ) -> Result<Vec<u32>> {
+        self.model.set_active_adapter(adapter)?;
+        self.model.set_training(false);
+        let mut constraint = |_row: usize, generated: &[u32]| allowed(generated);
+        let mut out = self.model.generate_with_cache(
+            cache,
+            &self.tokenizer,
+            std::slice::from_ref(&conversation.tokens),
+            params,
+            Some(&mut constraint),
+        )?;
+        Ok(out.remove(0).tokens)
+    }
+}
+
+/// How the learned Detector samples and what it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectorOptions {
+    /// The adapter that writes the turns (`None`: the bare base model, a zero-shot policy).
+    pub adapter: Option<String>,
+    /// 0 is greedy (evaluation); 1 samples the model's own distribution (training).
+    pub temperature: f32,
+    pub max_action_tokens: usize,
+    /// Characters of each observation the policy reads.
+    pub observation_chars: usize,
+    pub seed: u64,
+}
+
+impl Default for DetectorOptions {
+    fn default() -> Self {
+        DetectorOptions {
+            adapter: None,
+            temperature: 0.0,
+            max_action_tokens: 160,
+            observation_chars: 400,
+            seed: 0,
+        }
+    }
+}
+
+/// One investigation's worth of the learned Detector.
+pub struct LearnedDetector {
+    shared: SharedModel,
+    options: DetectorOptions,
+    grammar: Arc<ActionGrammar>,
+    conversation: Conversation,
+    cache: Option<KvCache>,
+    turns: usize,
+    /// Where the episode's conversation is left for the trainer after every turn.
+    sink: Option<Arc<Mutex<Conversation>>>,
+}
+
+impl LearnedDetector {
+    pub fn new(
+        shared: SharedModel,
+        grammar: Arc<ActionGrammar>,
+        options: DetectorOptions,
+    ) -> LearnedDetector {
+        LearnedDetector {
+            shared,
+            options,
+            grammar,
+            conversation: Conversation::new(),
+            cache: None,
+            turns: 0,
+            sink: None,
+        }
+    }
+
+    /// Records the episode's conversation into `sink` as it grows.
+    pub fn with_sink(mut self, sink: Arc<Mutex<Conversation>>) -> LearnedDetector {
+        self.sink = Some(sink);
+        self
+    }
+
+    fn turn(&mut self, view: &View<'_>) -> Result<String> {
+        let mut guard = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let pm = &mut *guard;
+        if self.conversation.is_empty() {
+            self.conversation.push_message(
+                &pm.tokenizer,
+                "system",
+                &prompt::detector_system(view.chatlog),
+            )?;
+            self.conversation.push_message(
+                &pm.tokenizer,
+                "user",
+                &prompt::detector_task(view.trace_id),
+            )?;
+        } else if let Some(last) = view.turns.last() {
+            self.conversation.push_message(
+                &pm.tokenizer,
+                "user",
+                &prompt::observation(&last.observation, self.options.observation_chars),
+            )?;
+        }
+        self.conversation.open_reply(&pm.tokenizer)?;
+        let answer_only = view.turns_left <= 1;
+        let params = SamplingParams {
+            max_new_tokens: if answer_only {
+                self.options
+                    .max_action_tokens
+                    .max(self.grammar.answer_budget(8))
+            } else {
+                self.options.max_action_tokens
+            },
+            temperature: self.options.temperature,
+            seed: self
+                .options
+                .seed
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(self.turns as u64),
+            stop_token_ids: Some(vec![pm.format.im_end]),
+            // One call per reply, on one line: a small model otherwise runs on into a second
+            // call (or a copy of its instructions), which the environment rejects.
+            stop_sequences: vec!["\n".into()],
+            ..SamplingParams::default()
+        };
+        let cache = self.cache.get_or_insert_with(|| KvCache::new(&pm.model, 1));
+        let grammar = Arc::clone(&self.grammar);
+        let reply = pm.reply(
+            self.options.adapter.as_deref(),
+            cache,
+            &self.conversation,
+            &params,
+            &|g| grammar.allowed_for(g, answer_only),
+        )?;
+        let allowed = self.grammar.allowed_sets_for(&reply, answer_only);
+        let text_tokens: Vec<u32> = reply
+            .iter()
+            .copied()
+            .filter(|t| *t != pm.format.im_end)
+            .collect();
+        let text = pm.tokenizer.decode(&text_tokens, true)?;
+        let text = text.split('\n').next().unwrap_or_default().to_owned();
+        self.conversation
+            .push_reply(&pm.tokenizer, pm.format, &reply, allowed)?;
+        self.turns += 1;
+        if let Some(sink) = &self.sink {
+            *sink.lock().unwrap_or_else(|p| p.into_inner()) = self.conversation.clone();
+        }
+        Ok(text)
+    }
+}
+
+impl Policy for LearnedDetector {
+    fn name(&self) -> String {
+        match &self.options.adapter {
+            Some(a) => format!("learned:{a}"),
+            None => "learned:base".into(),
+        }
+    }
+
+    fn act(&mut self, view: &View<'_>) -> std::result::Result<String, String> {
+        self.turn(view).map_err(|e| e.to_string())
+    }
+
+    fn subagent(&self, _task: &str) -> std::result::Result<Box<dyn Policy>, String> {
+        // The grammar never writes `delegate:`; a call here means the protocol changed.
+        Err("the learned Detector does not delegate".into())
+    }
+}

@@ -1,0 +1,53 @@
+//! `policy`: the two learned policies of self-play, as code that turns a model with LoRA
+//! adapters into choices, and records exactly which tokens it produced so that training can
+//! score them again.
+//!
+//! - [`chat`]: conversations built token by token in ChatML, so the prompt of every turn is a
+//!   prefix of the whole episode and one forward pass scores all of a policy's replies.
+//! - [`grammar`]: token tries and the Detector's action grammar (constrained decoding), so a
+//!   small model always writes a well-formed call and a valid answer.
+//! - [`detector`]: [`LearnedDetector`], a `detect::Policy` over a shared [`PolicyModel`].
+//! - [`injector`]: the Injector's choice among the engine's valid injections.
+//! - [`demonstration`]: an expert transcript rewritten as the learned Detector's conversation
+//!   (supervised warm start).
+//! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
+//! - [`baseline`]: the one-prompt Detector of the zero-shot and RAG baselines (the bare base
+//!   model reads the trace as text and answers once, under the answer-only grammar).
+//!
+//! Invariants: never writes files; runs models only through `model`'s generation API; the
+//! tokens a [`Conversation`] holds are exactly those the model saw and produced (no
+//! re-tokenisation of generated text); depends on `model`, `detect` and `taxonomy`.
+
+pub mod baseline;
+pub mod chat;
+pub mod demonstration;
+pub mod detector;
+pub mod grammar;
+pub mod injector;
+pub mod prompt;
+
+pub use chat::{ChatFormat, Conversation};
+pub use demonstration::demonstration;
+pub use detector::{DetectorOptions, LearnedDetector, PolicyModel, SharedModel};
+pub use grammar::{ActionGrammar, ChoiceGrammar, TokenTrie};
+pub use injector::{
+    choose_injection, injector_grammar, write_diff, InjectionOption, InjectorChoice,
+};
+
+/// What can go wrong in a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    /// The model's chat template is not one these policies can build turn by turn.
+    #[error("chat format: {0}")]
+    ChatFormat(String),
+    /// A grammar could not be built (e.g. an empty set of choices).
+    #[error("grammar: {0}")]
+    Grammar(String),
+    /// A prompt that cannot fit its budget (the one-prompt baselines).
+    #[error("prompt: {0}")]
+    Prompt(String),
+}
+
+pub type Result<T> = std::result::Result<T, PolicyError>;

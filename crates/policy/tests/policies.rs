@@ -1,0 +1,215 @@
+//! The learned policies on a tiny random model: every reply the grammar admits is a call the
+//! Detector's environment accepts, the conversation of an episode is exactly the token
+//! sequence the model was prompted with and produced, and expert transcripts become
+//! demonstrations in the grammar's own tokenisation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::gguf_file;
+use detect::policies::ExpertPolicy;
+use detect::{action, Detector};
+use model::{Arch, DType, Device, Model};
+use policy::{
+    choose_injection, demonstration, ActionGrammar, ChatFormat, Conversation, DetectorOptions,
+    InjectionOption, LearnedDetector, PolicyModel, SharedModel,
+};
+
+fn tiny_model(seed: u64) -> PolicyModel {
+    let config = model::testing::tiny_config(Arch::Llama, true, 4096).unwrap();
+    let m = Model::random(config, DType::F32, &Device::Cpu, seed).unwrap();
+    PolicyModel::new(m, model::testing::tiny_tokenizer().unwrap(), "tiny".into()).unwrap()
+}
+
+fn catalog() -> taxonomy::Catalog {
+    taxonomy::Catalog::embedded().unwrap()
+}
+
+#[test]
+fn chat_format_accepts_chatml_and_names_other_templates() {
+    let pm = tiny_model(1);
+    assert_eq!(pm.format.im_end, 2);
+    let mut md: HashMap<String, gguf_file::Value> =
+        model::testing::tokenizer_metadata().into_iter().collect();
+    md.insert(
+        "tokenizer.chat_template".into(),
+        gguf_file::Value::String(
+            "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}".into(),
+        ),
+    );
+    let content = gguf_file::Content {
+        magic: gguf_file::VersionedMagic::GgufV3,
+        metadata: md,
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    };
+    let tok = model::ChatTokenizer::from_gguf_content("other", &content).unwrap();
+    let err = ChatFormat::of(&tok).unwrap_err().to_string();
+    assert!(err.contains("not ChatML"), "{err}");
+}
+
+#[test]
+fn every_sampled_reply_is_a_well_formed_call() {
+    let pm = tiny_model(2);
+    let grammar =
+        ActionGrammar::new(&pm.tokenizer, &catalog(), &policy::grammar::LEARNED_TOOLS).unwrap();
+    let shared: SharedModel = Arc::new(Mutex::new(pm));
+    let mut heads = std::collections::BTreeSet::new();
+    for seed in 0..24 {
+        let mut pm = shared.lock().unwrap();
+        let mut c = Conversation::new();
+        c.push_message(&pm.tokenizer, "system", "s").unwrap();
+        c.push_message(&pm.tokenizer, "user", "u").unwrap();
+        c.open_reply(&pm.tokenizer).unwrap();
+        let mut cache = model::KvCache::new(&pm.model, 1);
+        let params = model::SamplingParams {
+            max_new_tokens: 40,
+            temperature: 1.0,
+            seed,
+            stop_token_ids: Some(vec![pm.format.im_end]),
+            ..Default::default()
+        };
+        let reply = pm
+            .reply(None, &mut cache, &c, &params, &|g| grammar.allowed(g))
+            .unwrap();
+        let text = pm.tokenizer.decode(&reply, true).unwrap();
+        let turn = action::parse(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        heads.insert(turn.action.tool());
+        if let action::Action::Answer { text: answer } = &turn.action {
+            // The id and component are always valid; only the free evidence may be empty.
+            let head = answer.split('|').next().unwrap();
+            let words: Vec<&str> = head.split_whitespace().collect();
+            assert_eq!(words.len(), 2, "{answer:?}");
+            assert!(catalog().get(words[0]).is_some(), "{answer:?}");
+            assert!(catalog().component(words[1]).is_some(), "{answer:?}");
+        }
+        let allowed = grammar.allowed_sets(&reply);
+        c.push_reply(&pm.tokenizer, pm.format, &reply, allowed)
+            .unwrap();
+        c.check().unwrap();
+    }
+    assert!(heads.len() >= 2, "sampling reached only {heads:?}");
+}
+
+#[test]
+fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.sqlite");
+    let labels = detect::synthetic::build_store(&db, 1).unwrap();
+    let (trace_id, _) = &labels[0];
+    let pm = tiny_model(3);
+    let grammar = Arc::new(
+        ActionGrammar::new(&pm.tokenizer, &catalog(), &policy::grammar::LEARNED_TOOLS).unwrap(),
+    );
+    let shared: SharedModel = Arc::new(Mutex::new(pm));
+    let config = detect::Config {
+        main_max_turns: 3,
+        ..detect::Config::default()
+    };
+    let detector = Detector::new(&db, config, false).unwrap();
+    let sink = Arc::new(Mutex::new(Conversation::new()));
+    let policy = LearnedDetector::new(
+        Arc::clone(&shared),
+        Arc::clone(&grammar),
+        DetectorOptions {
+            temperature: 1.0,
+            max_action_tokens: 24,
+            seed: 9,
+            ..DetectorOptions::default()
+        },
+    )
+    .with_sink(Arc::clone(&sink));
+    let transcript = detector.investigate(trace_id, Box::new(policy)).unwrap();
+    let c = sink.lock().unwrap().clone();
+    c.check().unwrap();
+    // One line per call, and the last turn answers whatever came before.
+    assert!(transcript.turns.iter().all(|t| !t.text.contains('\n')));
+    assert!(
+        transcript.verdict().is_some(),
+        "no verdict: {:?} {:?}",
+        transcript.outcome,
+        transcript
+            .turns
+            .last()
+            .map(|t| (&t.text, &t.observation.text))
+    );
+    assert_eq!(
+        // Message openings written by the conversation (a sampled reply may contain the token).
+        c.tokens
+            .iter()
+            .zip(&c.generated)
+            .filter(|&(&t, &g)| t == 1 && !g)
+            .count(),
+        2 + 2 * transcript.turns.len() - 1,
+        "system, task, then a reply per turn and an observation between turns"
+    );
+    // Every reply's text is what the environment received (compared on ASCII letters and
+    // digits: a random model's stray byte tokens decode differently alone and in context).
+    let pm = shared.lock().unwrap();
+    let plain = |s: &str| -> String { s.chars().filter(char::is_ascii_alphanumeric).collect() };
+    let rendered = plain(&pm.tokenizer.decode(&c.tokens, true).unwrap());
+    for turn in &transcript.turns {
+        assert!(rendered.contains(&plain(&turn.text)), "{:?}", turn.text);
+    }
+
+    // The expert's transcript as a demonstration.
+    let expert = Detector::new(&db, detect::Config::default(), false)
+        .unwrap()
+        .investigate(trace_id, Box::new(ExpertPolicy::new()))
+        .unwrap();
+    let demo = demonstration(&pm.tokenizer, pm.format, &grammar, &expert, false, 2, 200)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no demonstration from {:?}", expert.outcome));
+    demo.check().unwrap();
+    let text = pm.tokenizer.decode(&demo.tokens, false).unwrap();
+    let verdict = expert.verdict().unwrap().render();
+    assert!(
+        text.contains(&verdict),
+        "{verdict} not in the demonstration"
+    );
+    assert_eq!(
+        text.matches("<|im_start|>assistant").count(),
+        3,
+        "two probes and the answer"
+    );
+}
+
+#[test]
+fn the_injector_always_chooses_an_offered_option() {
+    let mut pm = tiny_model(4);
+    let options: Vec<InjectionOption> = [("P1", "a"), ("P16", "recursive-ref"), ("C3", "b")]
+        .iter()
+        .map(|(d, v)| InjectionOption {
+            deficiency: d.to_string(),
+            variant: v.to_string(),
+        })
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..12 {
+        let choice = choose_injection(
+            &mut pm,
+            None,
+            "toolcaller",
+            &["tools.schema".into()],
+            "P1 missed",
+            &options,
+            1.0,
+            seed,
+        )
+        .unwrap();
+        choice.conversation.check().unwrap();
+        let text = pm
+            .tokenizer
+            .decode(&choice.conversation.tokens, false)
+            .unwrap();
+        assert!(text.ends_with(&format!(
+            "<|im_start|>assistant\n {}<|im_end|>\n",
+            options[choice.index].text()
+        )));
+        seen.insert(choice.index);
+    }
+    assert!(
+        seen.len() >= 2,
+        "temperature 1 should reach several options"
+    );
+}

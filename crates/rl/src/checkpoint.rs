@@ -1,0 +1,191 @@
+//! Checkpoints: `RUN/step-N/` holds everything a run needs to continue exactly where it was —
+//! each adapter in PEFT's format with its value head, each optimizer's moments, the trainer's
+//! state (step, seed, the injection history and the higher-order buffer), the configuration
+//! and the metrics so far. A checkpoint is written under `RUN/.step-N.partial` and renamed, so
+//! a killed run leaves either a whole checkpoint or none.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use model::{AdamW, AdamWState, Model, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::higher_order::FailedInvestigation;
+use crate::{Result, RlError};
+
+/// What the trainer carries from step to step besides weights.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// The last completed step (0: after the warm start, before any PPO step).
+    pub step: u64,
+    pub seed: u64,
+    /// The randomness of step s is derived from (seed, s); this is that derivation's version,
+    /// so a checkpoint from an incompatible trainer is refused instead of silently diverging.
+    pub rng_scheme: String,
+    /// Recent injections: (type, detected), newest last, for the Injector's prompt.
+    pub history: Vec<(String, bool)>,
+    pub failed: Vec<FailedInvestigation>,
+    /// Whether the warm start ran.
+    pub warm_started: bool,
+}
+
+/// The current scheme of [`TrainerState::rng_scheme`].
+pub const RNG_SCHEME: &str = "splitmix64(seed, step, index) v1";
+
+fn checkpoint_err(path: &Path, reason: impl Into<String>) -> RlError {
+    RlError::Checkpoint {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// The directory of step `step`.
+pub fn step_dir(run: &Path, step: u64) -> PathBuf {
+    run.join(format!("step-{step}"))
+}
+
+/// Writes a checkpoint of `adapters` (name and optimizer) and `state` into `RUN/step-N/`.
+pub fn save(
+    run: &Path,
+    model: &Model,
+    adapters: &[(&str, &AdamW)],
+    state: &TrainerState,
+    config_text: &str,
+) -> Result<PathBuf> {
+    let dest = step_dir(run, state.step);
+    let tmp = run.join(format!(".step-{}.partial", state.step));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| RlError::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| RlError::io(&tmp, e))?;
+    for (name, optimizer) in adapters {
+        model.save_adapter(name, &tmp.join(name))?;
+        let st = optimizer.state();
+        let mut tensors: HashMap<String, Tensor> = HashMap::new();
+        for (i, (m, v)) in st.m.iter().zip(&st.v).enumerate() {
+            tensors.insert(format!("m.{i}"), m.clone());
+            tensors.insert(format!("v.{i}"), v.clone());
+        }
+        tensors.insert(
+            "step".into(),
+            Tensor::new(&[st.step as i64], &candle_core::Device::Cpu)?,
+        );
+        let path = tmp.join(format!("optimizer-{name}.safetensors"));
+        candle_core::safetensors::save(&tensors, &path)?;
+    }
+    let json = serde_json::to_string_pretty(state).expect("state serialises");
+    let write = |file: &str, bytes: &[u8]| {
+        let p = tmp.join(file);
+        std::fs::write(&p, bytes).map_err(|e| RlError::io(&p, e))
+    };
+    write("state.json", json.as_bytes())?;
+    write("config.toml", config_text.as_bytes())?;
+    for file in ["metrics.jsonl", "eval.jsonl"] {
+        let src = run.join(file);
+        if src.exists() {
+            let dst = tmp.join(file);
+            std::fs::copy(&src, &dst).map_err(|e| RlError::io(&dst, e))?;
+        }
+    }
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest).map_err(|e| RlError::io(&dest, e))?;
+    }
+    std::fs::rename(&tmp, &dest).map_err(|e| RlError::io(&dest, e))?;
+    Ok(dest)
+}
+
+/// The newest complete checkpoint of a run.
+pub fn latest(run: &Path) -> Result<Option<(u64, PathBuf)>> {
+    if !run.exists() {
+        return Ok(None);
+    }
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in std::fs::read_dir(run).map_err(|e| RlError::io(run, e))? {
+        let entry = entry.map_err(|e| RlError::io(run, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(n) = name
+            .strip_prefix("step-")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            if entry.path().join("state.json").is_file() && best.as_ref().is_none_or(|b| n > b.0) {
+                best = Some((n, entry.path()));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Reads a checkpoint's trainer state.
+pub fn read_state(dir: &Path) -> Result<TrainerState> {
+    let p = dir.join("state.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| RlError::io(&p, e))?;
+    let state: TrainerState =
+        serde_json::from_str(&text).map_err(|e| checkpoint_err(&p, e.to_string()))?;
+    if state.rng_scheme != RNG_SCHEME {
+        return Err(checkpoint_err(
+            &p,
+            format!(
+                "written with randomness scheme `{}`, this trainer uses `{RNG_SCHEME}`",
+                state.rng_scheme
+            ),
+        ));
+    }
+    Ok(state)
+}
+
+/// Replaces adapter `name` of `model` with the checkpoint's copy.
+pub fn load_adapter(model: &mut Model, dir: &Path, name: &str) -> Result<()> {
+    if model.adapter(name).is_some() {
+        model.remove_adapter(name)?;
+    }
+    model.load_adapter(name, &dir.join(name))?;
+    if model.adapter(name).and_then(|a| a.value_head()).is_none() {
+        model.add_value_head(name)?;
+    }
+    Ok(())
+}
+
+/// Restores an optimizer's moments from the checkpoint.
+pub fn load_optimizer(dir: &Path, name: &str, optimizer: &mut AdamW) -> Result<()> {
+    let path = dir.join(format!("optimizer-{name}.safetensors"));
+    let mut tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
+        .map_err(|e| checkpoint_err(&path, e.to_string()))?;
+    let step = tensors
+        .remove("step")
+        .ok_or_else(|| checkpoint_err(&path, "no `step` tensor"))?
+        .to_vec1::<i64>()?
+        .first()
+        .copied()
+        .ok_or_else(|| checkpoint_err(&path, "empty `step` tensor"))?;
+    let n = tensors.len() / 2;
+    let mut m = Vec::with_capacity(n);
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let take = |tensors: &mut HashMap<String, Tensor>, key: String| {
+            tensors
+                .remove(&key)
+                .ok_or_else(|| checkpoint_err(&path, format!("missing tensor `{key}`")))
+        };
+        m.push(take(&mut tensors, format!("m.{i}"))?);
+        v.push(take(&mut tensors, format!("v.{i}"))?);
+    }
+    let device = optimizer.state().m.first().map(|t| t.device().clone());
+    let (m, v) = match device {
+        Some(d) => (
+            m.iter()
+                .map(|t| t.to_device(&d))
+                .collect::<candle_core::Result<Vec<_>>>()?,
+            v.iter()
+                .map(|t| t.to_device(&d))
+                .collect::<candle_core::Result<Vec<_>>>()?,
+        ),
+        None => (m, v),
+    };
+    optimizer
+        .restore(AdamWState {
+            step: step as u64,
+            m,
+            v,
+        })
+        .map_err(|e| checkpoint_err(&path, e.to_string()))
+}

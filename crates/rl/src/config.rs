@@ -1,0 +1,443 @@
+//! The run configuration (`rl/*.toml`): every weight of the rewards, every PPO
+//! hyper-parameter, the model, the adapters and the size of the run. Unknown fields are errors,
+//! so a misspelt weight cannot silently fall back to its default.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, RlError};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    pub run: RunSection,
+    #[serde(default)]
+    pub injector: InjectorSection,
+    #[serde(default)]
+    pub detector: DetectorSection,
+    #[serde(default)]
+    pub reward: RewardWeights,
+    #[serde(default)]
+    pub ppo: PpoConfig,
+    #[serde(default)]
+    pub higher_order: HigherOrderConfig,
+    #[serde(default)]
+    pub sft: SftConfig,
+    #[serde(default)]
+    pub eval: EvalConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A known model name from the cache (`smollm2-135m`), a GGUF file or a Hugging Face
+    /// directory.
+    pub path: String,
+    /// `f32` or `bf16`.
+    #[serde(default = "default_dtype")]
+    pub dtype: String,
+}
+
+fn default_dtype() -> String {
+    "f32".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection {
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
+}
+
+/// One adapter per role (the default) or one policy alternating roles (§5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    Separate,
+    Shared,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    pub seed: u64,
+    /// PPO steps.
+    pub steps: u64,
+    pub agents: Vec<String>,
+    pub injections_per_step: usize,
+    #[serde(default = "one")]
+    pub checkpoint_every: u64,
+    #[serde(default = "separate")]
+    pub topology: Topology,
+    /// Wall-clock limit of one agent run, seconds.
+    #[serde(default = "sixty")]
+    pub agent_timeout_secs: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+fn sixty() -> u64 {
+    60
+}
+fn separate() -> Topology {
+    Topology::Separate
+}
+
+/// How the Injector proposes an injection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InjectorMode {
+    /// A constrained choice among the engine's templates (any model size).
+    Choice,
+    /// The choice, then a free-form unified diff of the code the template targets, applied by
+    /// the engine (for models able to write patches; rejected diffs earn `r_invalid`).
+    Diff,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InjectorSection {
+    pub mode: InjectorMode,
+    pub max_diff_tokens: usize,
+}
+
+impl Default for InjectorSection {
+    fn default() -> Self {
+        InjectorSection {
+            mode: InjectorMode::Choice,
+            max_diff_tokens: 512,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectorSection {
+    pub max_turns: usize,
+    pub max_action_tokens: usize,
+    pub observation_chars: usize,
+    /// Sampling temperature during training (evaluation is greedy).
+    pub temperature: f32,
+}
+
+impl Default for DetectorSection {
+    fn default() -> Self {
+        DetectorSection {
+            max_turns: 4,
+            max_action_tokens: 160,
+            observation_chars: 400,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// The weights of equations (1) and (2) of the paper, and the localisation credits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardWeights {
+    /// α: correct deficiency type.
+    pub alpha: f64,
+    /// β: localisation score.
+    pub beta: f64,
+    /// γ: efficiency.
+    pub gamma: f64,
+    /// Tool calls at which efficiency reaches 0.
+    pub max_calls: usize,
+    /// Localisation credit for naming a component whose sites include the injected function,
+    /// only its file, or only the injected component.
+    pub loc_function: f64,
+    pub loc_file: f64,
+    pub loc_component: f64,
+    /// Detected after more than `k_min` tool calls: challenging.
+    pub k_min: usize,
+    pub r_high: f64,
+    pub r_med: f64,
+    pub r_low: f64,
+    /// An injection that fails validation (and never reaches the Detector).
+    pub r_invalid: f64,
+    /// Both roles are trained on R = R_inj + R_det (the paper); otherwise each on its own.
+    pub joint: bool,
+}
+
+impl Default for RewardWeights {
+    fn default() -> Self {
+        RewardWeights {
+            alpha: 1.0,
+            beta: 0.5,
+            gamma: 0.2,
+            max_calls: 10,
+            loc_function: 1.0,
+            loc_file: 0.6,
+            loc_component: 0.3,
+            k_min: 2,
+            r_high: 1.0,
+            r_med: 0.5,
+            r_low: 0.0,
+            r_invalid: -1.0,
+            joint: true,
+        }
+    }
+}
+
+/// How advantages are estimated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Baseline {
+    /// A learned value head and generalised advantage estimation.
+    Gae,
+    /// The episode's reward minus the mean of its group (same role, same step), divided by the
+    /// group's standard deviation; no critic.
+    Group,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoConfig {
+    pub baseline: Baseline,
+    /// ε of the clipped surrogate.
+    pub clip: f64,
+    /// Discount and GAE λ over the policy's own tokens.
+    pub gamma: f64,
+    pub lambda: f64,
+    /// β_KL of the per-token penalty towards the base model (adapters off).
+    pub kl_coef: f64,
+    /// Entropy bonus of the Injector (prevents collapse onto one type).
+    pub entropy_coef_injector: f64,
+    pub entropy_coef_detector: f64,
+    pub vf_coef: f64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// Passes over each batch.
+    pub epochs: usize,
+    pub max_grad_norm: f64,
+}
+
+impl Default for PpoConfig {
+    fn default() -> Self {
+        PpoConfig {
+            baseline: Baseline::Gae,
+            clip: 0.2,
+            gamma: 1.0,
+            lambda: 0.95,
+            kl_coef: 0.05,
+            entropy_coef_injector: 0.01,
+            entropy_coef_detector: 0.0,
+            vf_coef: 0.5,
+            lr: 5e-5,
+            weight_decay: 0.0,
+            epochs: 1,
+            max_grad_norm: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HigherOrderConfig {
+    pub enabled: bool,
+    /// Higher-order examples mixed into each step's batch.
+    pub per_step: usize,
+    /// Failed investigations kept for them.
+    pub buffer: usize,
+}
+
+impl Default for HigherOrderConfig {
+    fn default() -> Self {
+        HigherOrderConfig {
+            enabled: true,
+            per_step: 1,
+            buffer: 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    pub epochs: usize,
+    pub lr: f64,
+    /// Tool calls of each expert investigation kept before its answer.
+    pub max_probes: usize,
+    /// Train-split traces used (0: all).
+    pub max_examples: usize,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            epochs: 2,
+            lr: 2e-4,
+            max_probes: 3,
+            max_examples: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// A corpus directory (`pathfinder corpus generate --out DIR`): its train split feeds the
+    /// warm start, its `split` is the held-out evaluation. Empty: no warm start, no evaluation.
+    pub corpus: String,
+    pub split: String,
+    /// Held-out traces evaluated (0: all).
+    pub max_traces: usize,
+    /// Evaluate every this many steps as well as before and after (0: only before and after).
+    pub every: u64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            corpus: String::new(),
+            split: "test".into(),
+            max_traces: 0,
+            every: 0,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<RunConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| RlError::io(path, e))?;
+        RunConfig::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, origin: &Path) -> Result<RunConfig> {
+        let config: RunConfig = toml::from_str(text).map_err(|e| RlError::Config {
+            path: origin.to_owned(),
+            reason: e.to_string(),
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, origin: &Path) -> Result<()> {
+        let bad = |field: &str, reason: &str| {
+            Err(RlError::Config {
+                path: origin.to_owned(),
+                reason: format!("field `{field}`: {reason}"),
+            })
+        };
+        if self.run.agents.is_empty() {
+            return bad("run.agents", "name at least one agent");
+        }
+        if self.run.injections_per_step == 0 {
+            return bad("run.injections_per_step", "must be at least 1");
+        }
+        if self.run.checkpoint_every == 0 {
+            return bad("run.checkpoint_every", "must be at least 1");
+        }
+        if !matches!(self.model.dtype.as_str(), "f32" | "bf16") {
+            return bad("model.dtype", "must be `f32` or `bf16`");
+        }
+        if self.lora.rank == 0 {
+            return bad("lora.rank", "must be at least 1");
+        }
+        if !(self.ppo.clip > 0.0 && self.ppo.clip < 1.0) {
+            return bad("ppo.clip", "must be in (0, 1)");
+        }
+        if !(0.0..=1.0).contains(&self.ppo.gamma) || !(0.0..=1.0).contains(&self.ppo.lambda) {
+            return bad("ppo.gamma / ppo.lambda", "must be in [0, 1]");
+        }
+        if self.ppo.lr <= 0.0 || self.sft.lr <= 0.0 {
+            return bad("ppo.lr / sft.lr", "must be positive");
+        }
+        if self.ppo.epochs == 0 {
+            return bad("ppo.epochs", "must be at least 1");
+        }
+        if self.detector.max_turns < 2 {
+            return bad(
+                "detector.max_turns",
+                "must be at least 2 (one call and the answer)",
+            );
+        }
+        if self.reward.max_calls == 0 {
+            return bad("reward.max_calls", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The model file or directory: a known name resolves to its cached file.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        match model::fetch::known_model(&self.model.path) {
+            Ok(known) => {
+                let path = model::fetch::cached_path(&model::fetch::default_cache_dir(), known);
+                if path.exists() {
+                    Ok(path)
+                } else {
+                    Err(RlError::Model(format!(
+                        "{} is not in the cache ({}); run `pathfinder model fetch {}`",
+                        self.model.path,
+                        path.display(),
+                        self.model.path
+                    )))
+                }
+            }
+            Err(_) => Ok(PathBuf::from(&self.model.path)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[model]\npath = \"m.gguf\"\n[run]\nseed = 1\nsteps = 2\nagents = [\"toolcaller\"]\ninjections_per_step = 2\n";
+
+    #[test]
+    fn minimal_config_gets_the_paper_defaults() {
+        let c = RunConfig::parse(MINIMAL, Path::new("x.toml")).unwrap();
+        assert_eq!(c.run.topology, Topology::Separate);
+        assert_eq!(c.ppo.baseline, Baseline::Gae);
+        assert!(c.reward.joint);
+        assert_eq!(c.lora.targets.len(), 7);
+    }
+
+    #[test]
+    fn misspelt_and_invalid_fields_are_named() {
+        let e = RunConfig::parse(
+            &format!("{MINIMAL}[reward]\nalpah = 2.0\n"),
+            Path::new("x.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x.toml") && e.contains("alpah"), "{e}");
+        let e = RunConfig::parse(
+            &format!("{MINIMAL}[ppo]\nclip = 1.5\n"),
+            Path::new("y.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("y.toml") && e.contains("ppo.clip"), "{e}");
+    }
+}

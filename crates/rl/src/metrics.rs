@@ -1,0 +1,169 @@
+//! `RUN/metrics.jsonl` (one line per step) and `RUN/eval.jsonl` (one line per held-out
+//! evaluation). `pathfinder report` and `pathfinder eval --run` read them; the field names are
+//! that contract.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, RlError};
+
+/// One training step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    /// `sft` or `ppo`.
+    pub phase: String,
+    pub unix_ms: u64,
+    pub reward_injector: Option<f64>,
+    pub reward_detector: Option<f64>,
+    pub reward_joint: Option<f64>,
+    /// Over this step's investigations.
+    pub detection_accuracy: Option<f64>,
+    pub localisation_accuracy: Option<f64>,
+    pub injection_unique_types: Option<usize>,
+    /// Shannon entropy (nats) of this step's chosen types.
+    pub injection_entropy: Option<f64>,
+    /// Mean tool calls per investigation.
+    pub query_depth: Option<f64>,
+    pub kl: Option<f64>,
+    pub clip_fraction: Option<f64>,
+    pub value_loss: Option<f64>,
+    pub policy_loss: Option<f64>,
+    pub entropy: Option<f64>,
+    /// Supervised warm start: mean negative log-likelihood of the demonstrations.
+    pub sft_loss: Option<f64>,
+    pub episodes_per_min: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    pub valid_injections: Option<usize>,
+    pub episodes: Option<usize>,
+    pub higher_order: Option<usize>,
+    /// Mean reward of the higher-order (review) examples.
+    pub reward_review: Option<f64>,
+    pub seconds: Option<f64>,
+}
+
+/// One held-out evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalMetrics {
+    pub step: u64,
+    pub split: String,
+    pub detection_accuracy: f64,
+    pub localisation_accuracy: f64,
+    pub avg_tool_calls: f64,
+    pub n: usize,
+    /// `sft` (the warm-started policy before any PPO step), `ppo`, or `base`.
+    pub policy: String,
+}
+
+/// Appends one JSON line and flushes it to disk.
+pub fn append<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| RlError::io(path, e))?;
+    let line = serde_json::to_string(value).expect("metrics serialise") + "\n";
+    f.write_all(line.as_bytes())
+        .and_then(|_| f.sync_data())
+        .map_err(|e| RlError::io(path, e))
+}
+
+/// Reads a metrics file written by [`append`]; a line that is not a `T` is named by number.
+/// A missing file reads as no lines (a run that has not logged yet).
+pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| RlError::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| RlError::Checkpoint {
+                path: path.to_owned(),
+                reason: format!("line {}: {e}", i + 1),
+            })
+        })
+        .collect()
+}
+
+/// Keeps only the lines whose `step` is at most `step` (a resumed run drops what the
+/// interrupted one logged after its last checkpoint). Written to a temporary file and renamed.
+pub fn truncate_after(path: &Path, step: u64) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| RlError::io(path, e))?;
+    let mut kept = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| RlError::Checkpoint {
+            path: path.to_owned(),
+            reason: format!("line {}: not JSON: {e}", i + 1),
+        })?;
+        if v.get("step")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+            <= step
+        {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let tmp = path.with_extension("jsonl.partial");
+    std::fs::write(&tmp, kept).map_err(|e| RlError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| RlError::io(path, e))
+}
+
+/// Shannon entropy (nats) of the empirical distribution of `items`.
+pub fn entropy_of<T: Ord>(items: &[T]) -> f64 {
+    let mut counts = std::collections::BTreeMap::new();
+    for i in items {
+        *counts.entry(i).or_insert(0usize) += 1;
+    }
+    let n = items.len() as f64;
+    counts
+        .values()
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.ln()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entropy_of_uniform_and_constant() {
+        assert!((entropy_of(&["a", "b", "c", "d"]) - 4f64.ln()).abs() < 1e-12);
+        assert_eq!(entropy_of(&["a", "a"]), 0.0);
+    }
+
+    #[test]
+    fn truncation_keeps_early_steps_and_names_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metrics.jsonl");
+        for step in 0..4u64 {
+            append(
+                &p,
+                &StepMetrics {
+                    step,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        truncate_after(&p, 1).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        std::fs::write(&p, "{\"step\": 0}\nnot json\n").unwrap();
+        let e = truncate_after(&p, 1).unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+    }
+}

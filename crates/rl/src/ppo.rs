@@ -1,0 +1,412 @@
+//! PPO on a LoRA adapter, one place where an update happens.
+//!
+//! For each episode (a [`Sample`]: the tokens of one role's conversation, which of them the
+//! policy generated, and the episode's reward), with `old` the policy that sampled it and `ref`
+//! the base model with adapters off:
+//!
+//! ```text
+//! per generated token t:   r_t = −β_KL · (log π_old(a_t) − log π_ref(a_t))   (+ R on the last token)
+//! GAE:                     δ_t = r_t + γ·V(t+1) − V(t),   A_t = δ_t + γλ·A_{t+1},   ret_t = A_t + V(t)
+//! group baseline instead:  A_t = (R − mean_group R) / std_group R, and the KL term moves into the
+//!                          loss as k3 = exp(ref − new) − (ref − new) − 1
+//! ratio_t = exp(log π_new(a_t) − log π_old(a_t))
+//! loss = mean_t [ −min(ratio·A, clip(ratio, 1−ε, 1+ε)·A) + c_v·½(V − ret)² − c_H·H_t ]
+//! ```
+//!
+//! Log-probabilities are those of the distribution the token was sampled from: where a grammar
+//! constrained the token, the model's distribution renormalised over the allowed set. Only
+//! generated tokens count; prompts and tool outputs are context. The clipped term's gradient
+//! is taken through an explicit mask (zero where the clipped branch is the minimum), which is
+//! exactly the gradient of the `min`.
+
+use model::{AdamW, DType, Gradients, Model, Tensor};
+use policy::Conversation;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Baseline, PpoConfig};
+use crate::Result;
+
+/// Which role an episode trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Injector,
+    Detector,
+    /// A higher-order example: the Detector finds where its own failed investigation went
+    /// wrong (trained with the Detector's adapter).
+    Review,
+}
+
+/// One episode of one role, ready to train on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub role: Role,
+    pub conversation: Conversation,
+    pub reward: f64,
+}
+
+/// The generated tokens of a conversation scored under one adapter.
+pub struct Scored {
+    /// `(n,)` f32 (f64 for f64 models): log-probability of each generated token.
+    pub logprobs: Tensor,
+    /// `(n,)` f32: the critic's value of the state before each generated token.
+    pub values: Option<Tensor>,
+    /// `(n,)` f32: entropy of each (renormalised) next-token distribution.
+    pub entropy: Option<Tensor>,
+}
+
+/// Scores the generated tokens of `c` under `adapter` (`None`: the base model). Differentiable
+/// with respect to the adapter.
+pub fn score(
+    model: &Model,
+    adapter: Option<&str>,
+    c: &Conversation,
+    with_values: bool,
+    with_entropy: bool,
+) -> Result<Scored> {
+    let device = model.device();
+    let positions: Vec<usize> = (0..c.tokens.len()).filter(|&i| c.generated[i]).collect();
+    if positions.is_empty() || positions[0] == 0 {
+        return Err(crate::RlError::Sample(
+            "a sample needs generated tokens after a prompt".into(),
+        ));
+    }
+    let t = c.tokens.len();
+    let ids = Tensor::from_slice(&c.tokens, (1, t), device)?;
+    let mask = Tensor::ones((1, t), DType::U32, device)?;
+    let (logits, hidden) = model.forward_train_with(&ids, &mask, adapter)?;
+    // Scores in f32 (f64 models stay f64, for finite-difference checks).
+    let dtype = if model.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    // The distribution over token p is the one predicted at position p − 1.
+    let prev: Vec<u32> = positions.iter().map(|&p| (p - 1) as u32).collect();
+    let n = prev.len();
+    let prev = Tensor::from_vec(prev, n, device)?;
+    let logits = logits.squeeze(0)?.index_select(&prev, 0)?.to_dtype(dtype)?;
+    let vocab = logits.dim(1)?;
+    let logits = match allowed_mask(c, &positions, vocab) {
+        Some(m) => {
+            logits.broadcast_add(&Tensor::from_vec(m, (n, vocab), device)?.to_dtype(dtype)?)?
+        }
+        None => logits,
+    };
+    let targets: Vec<u32> = positions.iter().map(|&p| c.tokens[p]).collect();
+    let targets = Tensor::from_vec(targets, (1, n), device)?;
+    let logprobs = model::gather_logprobs(&logits.unsqueeze(0)?, &targets)?.squeeze(0)?;
+    let entropy = if with_entropy {
+        Some(model::entropy(&logits)?)
+    } else {
+        None
+    };
+    let values = match (with_values, adapter) {
+        (true, Some(name)) => {
+            let head = model
+                .adapter(name)
+                .and_then(|a| a.value_head())
+                .ok_or_else(|| {
+                    crate::RlError::Sample(format!("adapter `{name}` has no value head"))
+                })?;
+            let h = hidden.squeeze(0)?.index_select(&prev, 0)?.to_dtype(dtype)?;
+            let w = head.weight.as_tensor().to_dtype(dtype)?;
+            let b = head.bias.as_tensor().to_dtype(dtype)?;
+            Some(h.matmul(&w.t()?)?.squeeze(1)?.broadcast_add(&b)?)
+        }
+        _ => None,
+    };
+    Ok(Scored {
+        logprobs,
+        values,
+        entropy,
+    })
+}
+
+/// An additive `(n, vocab)` mask that leaves only each constrained position's allowed tokens
+/// (`None` when no position was constrained).
+fn allowed_mask(c: &Conversation, positions: &[usize], vocab: usize) -> Option<Vec<f32>> {
+    if positions.iter().all(|&p| c.allowed[p].is_none()) {
+        return None;
+    }
+    let mut m = vec![0f32; positions.len() * vocab];
+    for (row, &p) in positions.iter().enumerate() {
+        if let Some(allowed) = &c.allowed[p] {
+            let slice = &mut m[row * vocab..(row + 1) * vocab];
+            // Finite, so the entropy's p·log p stays 0 (not NaN) outside the set.
+            slice.fill(-1e9);
+            for &tok in allowed {
+                if (tok as usize) < vocab {
+                    slice[tok as usize] = 0.0;
+                }
+            }
+        }
+    }
+    Some(m)
+}
+
+/// What one update did, averaged over the generated tokens of the batch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PpoStats {
+    pub samples: usize,
+    pub tokens: usize,
+    pub policy_loss: f64,
+    pub value_loss: f64,
+    /// Mean k3 estimate of KL(π_old ‖ π_ref) on the sampled tokens.
+    pub kl: f64,
+    pub clip_fraction: f64,
+    pub entropy: f64,
+    pub grad_norm: f64,
+    pub mean_reward: f64,
+}
+
+/// Per-episode quantities fixed before the update.
+struct Prepared {
+    old: Vec<f32>,
+    advantages: Vec<f32>,
+    returns: Vec<f32>,
+    reference: Vec<f32>,
+}
+
+fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.detach().to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+/// Generalised advantage estimation over one episode's generated tokens; the episode ends
+/// after the last one (its next value is 0).
+pub fn gae(rewards: &[f32], values: &[f32], gamma: f64, lambda: f64) -> (Vec<f32>, Vec<f32>) {
+    let n = rewards.len();
+    let mut adv = vec![0f32; n];
+    let mut next_value = 0f64;
+    let mut running = 0f64;
+    for t in (0..n).rev() {
+        let delta = rewards[t] as f64 + gamma * next_value - values[t] as f64;
+        running = delta + gamma * lambda * running;
+        adv[t] = running as f32;
+        next_value = values[t] as f64;
+    }
+    let ret = adv.iter().zip(values).map(|(a, v)| a + v).collect();
+    (adv, ret)
+}
+
+/// Normalises to zero mean and unit variance (across the batch).
+fn whiten(all: &mut [Vec<f32>]) {
+    let flat: Vec<f64> = all.iter().flatten().map(|&x| x as f64).collect();
+    if flat.len() < 2 {
+        return;
+    }
+    let mean = flat.iter().sum::<f64>() / flat.len() as f64;
+    let var = flat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / flat.len() as f64;
+    let std = var.sqrt().max(1e-8);
+    for v in all.iter_mut().flatten() {
+        *v = ((*v as f64 - mean) / std) as f32;
+    }
+}
+
+/// One PPO update of `adapter` on `samples` (all trained with that adapter).
+pub fn update(
+    model: &mut Model,
+    adapter: &str,
+    optimizer: &mut AdamW,
+    samples: &[Sample],
+    cfg: &PpoConfig,
+    entropy_coef: f64,
+) -> Result<PpoStats> {
+    if samples.is_empty() {
+        return Ok(PpoStats::default());
+    }
+    model.set_training(false);
+    let use_critic = cfg.baseline == Baseline::Gae;
+
+    // 1. Fixed quantities: old and reference log-probabilities, values, advantages.
+    let mut prepared = Vec::with_capacity(samples.len());
+    let mut kl_sum = 0f64;
+    for s in samples {
+        let old = score(model, Some(adapter), &s.conversation, use_critic, false)?;
+        let reference = score(model, None, &s.conversation, false, false)?;
+        let old_lp = to_vec(&old.logprobs)?;
+        let ref_lp = to_vec(&reference.logprobs)?;
+        for (o, r) in old_lp.iter().zip(&ref_lp) {
+            let d = (*r - *o) as f64;
+            kl_sum += d.exp() - d - 1.0;
+        }
+        let (advantages, returns) = if use_critic {
+            let values = to_vec(old.values.as_ref().expect("asked for values"))?;
+            let mut rewards: Vec<f32> = old_lp
+                .iter()
+                .zip(&ref_lp)
+                .map(|(o, r)| (-cfg.kl_coef * (*o - *r) as f64) as f32)
+                .collect();
+            *rewards.last_mut().expect("non-empty") += s.reward as f32;
+            gae(&rewards, &values, cfg.gamma, cfg.lambda)
+        } else {
+            (vec![s.reward as f32; old_lp.len()], vec![0.0; old_lp.len()])
+        };
+        prepared.push(Prepared {
+            old: old_lp,
+            advantages,
+            returns,
+            reference: ref_lp,
+        });
+    }
+    if use_critic {
+        let mut adv: Vec<Vec<f32>> = prepared.iter().map(|p| p.advantages.clone()).collect();
+        whiten(&mut adv);
+        for (p, a) in prepared.iter_mut().zip(adv) {
+            p.advantages = a;
+        }
+    } else {
+        // Group-relative: every token of an episode gets its episode's normalised reward.
+        let rewards: Vec<f64> = samples.iter().map(|s| s.reward).collect();
+        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+        let std =
+            (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt();
+        for (p, r) in prepared.iter_mut().zip(&rewards) {
+            let a = ((r - mean) / (std + 1e-8)) as f32;
+            p.advantages.iter_mut().for_each(|x| *x = a);
+        }
+    }
+    let total_tokens: usize = prepared.iter().map(|p| p.old.len()).sum();
+    let device = model.device().clone();
+    let vars = model.trainable_vars(adapter)?;
+    let mut stats = PpoStats {
+        samples: samples.len(),
+        tokens: total_tokens,
+        kl: kl_sum / total_tokens as f64,
+        mean_reward: samples.iter().map(|s| s.reward).sum::<f64>() / samples.len() as f64,
+        ..PpoStats::default()
+    };
+
+    // 2. Epochs of the clipped objective, one episode at a time (gradients accumulate).
+    for _ in 0..cfg.epochs {
+        let mut grads = Gradients::new(vars.clone());
+        let (mut pg_sum, mut vf_sum, mut ent_sum, mut clipped) = (0f64, 0f64, 0f64, 0usize);
+        for (s, p) in samples.iter().zip(&prepared) {
+            let new = score(
+                model,
+                Some(adapter),
+                &s.conversation,
+                use_critic,
+                entropy_coef > 0.0,
+            )?;
+            let n = p.old.len();
+            let t = |v: &[f32]| Tensor::from_slice(v, n, &device);
+            let old = t(&p.old)?;
+            let adv = t(&p.advantages)?;
+            let ratio = (&new.logprobs - &old)?.exp()?;
+            let ratio_host = to_vec(&ratio)?;
+            // Active where the unclipped branch is the minimum (its gradient flows).
+            let mut active = vec![0f32; n];
+            for i in 0..n {
+                let (r, a) = (ratio_host[i] as f64, p.advantages[i] as f64);
+                let clipped_r = r.clamp(1.0 - cfg.clip, 1.0 + cfg.clip);
+                pg_sum += -(r * a).min(clipped_r * a);
+                if (r * a) <= (clipped_r * a) {
+                    active[i] = 1.0;
+                }
+                if (r - 1.0).abs() > cfg.clip {
+                    clipped += 1;
+                }
+            }
+            let mut loss = (&ratio * &adv)?.mul(&t(&active)?)?.sum_all()?.neg()?;
+            if let Some(values) = &new.values {
+                let err = (values - t(&p.returns)?)?;
+                let vf = (err.sqr()?.sum_all()? * 0.5)?;
+                vf_sum += vf.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                loss = (loss + (vf * cfg.vf_coef)?)?;
+            }
+            if let Some(h) = &new.entropy {
+                let h_sum = h.sum_all()?;
+                ent_sum += h_sum.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                loss = (loss - (h_sum * entropy_coef)?)?;
+            }
+            if !use_critic && cfg.kl_coef > 0.0 {
+                // k3 estimator of KL(π_new ‖ π_ref), an unbiased, non-negative penalty.
+                let d = (t(&p.reference)? - &new.logprobs)?;
+                let k3 = ((d.exp()? - &d)? - 1.0)?.sum_all()?;
+                loss = (loss + (k3 * cfg.kl_coef)?)?;
+            }
+            grads.accumulate(&(loss / total_tokens as f64)?)?;
+        }
+        stats.grad_norm = grads.clip_global_norm(cfg.max_grad_norm)?;
+        optimizer.step(&grads)?;
+        let nt = total_tokens as f64;
+        stats.policy_loss = pg_sum / nt;
+        stats.value_loss = vf_sum / nt;
+        stats.entropy = ent_sum / nt;
+        stats.clip_fraction = clipped as f64 / nt;
+    }
+    Ok(stats)
+}
+
+/// Supervised warm start: one AdamW step of mean negative log-likelihood of the generated
+/// tokens of `batch` (teacher forcing on demonstrations). Returns the loss before the step.
+pub fn sft_step(
+    model: &mut Model,
+    adapter: &str,
+    optimizer: &mut AdamW,
+    batch: &[Conversation],
+    max_grad_norm: f64,
+) -> Result<f64> {
+    model.set_training(true);
+    let vars = model.trainable_vars(adapter)?;
+    let mut grads = Gradients::new(vars);
+    let total: usize = batch.iter().map(Conversation::generated_count).sum();
+    let mut nll = 0f64;
+    for c in batch {
+        let s = score(model, Some(adapter), c, false, false)?;
+        let loss = (s.logprobs.sum_all()?.neg()? / total as f64)?;
+        nll += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        grads.accumulate(&loss)?;
+    }
+    grads.clip_global_norm(max_grad_norm)?;
+    optimizer.step(&grads)?;
+    model.set_training(false);
+    Ok(nll)
+}
+
+/// Mean negative log-likelihood of the generated tokens of `batch` (no update).
+pub fn nll(model: &Model, adapter: Option<&str>, batch: &[Conversation]) -> Result<f64> {
+    let total: usize = batch.iter().map(Conversation::generated_count).sum();
+    let mut sum = 0f64;
+    for c in batch {
+        let s = score(model, adapter, c, false, false)?;
+        sum -= s
+            .logprobs
+            .detach()
+            .sum_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+    }
+    Ok(sum / total.max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gae_with_lambda_one_is_reward_to_go_minus_value() {
+        let rewards = [0.0, 0.0, 1.0];
+        let values = [0.2, 0.4, 0.5];
+        let (adv, ret) = gae(&rewards, &values, 1.0, 1.0);
+        for (i, a) in adv.iter().enumerate() {
+            assert!((a - (1.0 - values[i])).abs() < 1e-6, "{adv:?}");
+        }
+        assert!(ret.iter().all(|r| (r - 1.0).abs() < 1e-6));
+        // λ = 0: one-step TD errors.
+        let (adv, _) = gae(&rewards, &values, 1.0, 0.0);
+        assert!((adv[0] - (0.4 - 0.2)).abs() < 1e-6);
+        assert!((adv[2] - (1.0 - 0.5)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn whitening_centres_and_scales() {
+        let mut v = vec![vec![1.0, 2.0], vec![3.0]];
+        whiten(&mut v);
+        let flat: Vec<f32> = v.into_iter().flatten().collect();
+        let mean: f32 = flat.iter().sum::<f32>() / 3.0;
+        assert!(mean.abs() < 1e-6);
+        assert!((flat[2] - 1.2247449).abs() < 1e-4, "{flat:?}");
+    }
+}

@@ -1,0 +1,226 @@
+//! A run's report, read from its `metrics.jsonl` and `eval.jsonl`: held-out detection of the
+//! warm-started policy (SFT only) against the policy after PPO, the paper's Table 9 (injection
+//! diversity, detection accuracy and query depth at each step), and throughput. Several runs
+//! (seeds) are compared side by side. `pathfinder report` writes this beside the charts.
+//!
+//! Reads only; the Markdown is a pure function of the logs.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::metrics::{self, EvalMetrics, StepMetrics};
+use crate::Result;
+
+/// Everything a run logged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunLog {
+    pub name: String,
+    pub steps: Vec<StepMetrics>,
+    pub evals: Vec<EvalMetrics>,
+}
+
+impl RunLog {
+    /// Reads `RUN/metrics.jsonl` and `RUN/eval.jsonl`; the run's name is its directory's.
+    pub fn read(run: &Path) -> Result<RunLog> {
+        let name = run
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| run.display().to_string());
+        Ok(RunLog {
+            name,
+            steps: metrics::read_jsonl(&run.join("metrics.jsonl"))?,
+            evals: metrics::read_jsonl(&run.join("eval.jsonl"))?,
+        })
+    }
+
+    /// PPO steps only (warm-start updates are logged with phase `sft`).
+    pub fn ppo_steps(&self) -> impl Iterator<Item = &StepMetrics> {
+        self.steps.iter().filter(|m| m.phase == "ppo")
+    }
+
+    /// The held-out evaluation of the warm-started policy, before any PPO step.
+    pub fn before(&self) -> Option<&EvalMetrics> {
+        self.evals.iter().find(|e| e.policy == "sft")
+    }
+
+    /// The last held-out evaluation after PPO.
+    pub fn after(&self) -> Option<&EvalMetrics> {
+        self.evals.iter().rev().find(|e| e.policy == "ppo")
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.1}%", 100.0 * v)
+}
+
+/// The report of one run.
+pub fn markdown(log: &RunLog) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Run `{}`\n", log.name);
+    let ppo: Vec<&StepMetrics> = log.ppo_steps().collect();
+    let sft = log.steps.iter().filter(|m| m.phase == "sft").count();
+    let _ = writeln!(
+        s,
+        "{sft} warm-start updates, {} PPO steps, {} held-out evaluations.\n",
+        ppo.len(),
+        log.evals.len()
+    );
+
+    s.push_str("## Held-out detection: SFT only against SFT + PPO\n\n");
+    s.push_str("| policy | step | traces | detection | localisation | tool calls |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|\n");
+    for e in &log.evals {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {:.2} |",
+            e.policy,
+            e.step,
+            e.n,
+            pct(e.detection_accuracy),
+            pct(e.localisation_accuracy),
+            e.avg_tool_calls
+        );
+    }
+    match (log.before(), log.after()) {
+        (Some(b), Some(a)) => {
+            let _ = writeln!(
+                s,
+                "\nChange in detection accuracy after step {}: {:+.1} points ({} → {}).\n",
+                a.step,
+                100.0 * (a.detection_accuracy - b.detection_accuracy),
+                pct(b.detection_accuracy),
+                pct(a.detection_accuracy)
+            );
+        }
+        _ => s.push_str(
+            "\nNo before/after pair yet (the run has no held-out evaluation after PPO).\n\n",
+        ),
+    }
+
+    s.push_str("## Training dynamics (Table 9)\n\n");
+    s.push_str(
+        "| step | valid injections | unique types | type entropy | detection | localisation \
+         | query depth | R_inj | R_det | KL | clip | episodes/min | tokens/s |\n",
+    );
+    s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for m in &ppo {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            m.step,
+            m.valid_injections
+                .map_or("–".into(), |v| format!("{v}/{}", m.episodes.unwrap_or(v))),
+            m.injection_unique_types
+                .map_or("–".into(), |v| v.to_string()),
+            opt(m.injection_entropy, 2),
+            m.detection_accuracy.map_or("–".into(), pct),
+            m.localisation_accuracy.map_or("–".into(), pct),
+            opt(m.query_depth, 2),
+            opt(m.reward_injector, 3),
+            opt(m.reward_detector, 3),
+            opt(m.kl, 4),
+            opt(m.clip_fraction, 3),
+            opt(m.episodes_per_min, 2),
+            opt(m.tokens_per_s, 1),
+        );
+    }
+    if ppo.is_empty() {
+        s.push_str("| – | no PPO steps logged | | | | | | | | | | | |\n");
+    }
+    let secs: f64 = log.steps.iter().filter_map(|m| m.seconds).sum();
+    let _ = writeln!(
+        s,
+        "\nWall time logged across steps: {:.1} min.",
+        secs / 60.0
+    );
+    s
+}
+
+/// Several runs (e.g. seeds) side by side: held-out detection before and after PPO.
+pub fn comparison_markdown(logs: &[RunLog]) -> String {
+    let mut s = String::from("# Runs compared\n\n");
+    s.push_str("| run | SFT only | SFT + PPO | change | after step | traces |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|\n");
+    for log in logs {
+        let before = log.before().map(|e| e.detection_accuracy);
+        let after = log.after().map(|e| e.detection_accuracy);
+        let change = before.zip(after).map_or("–".into(), |(b, a)| {
+            format!("{:+.1} pts", 100.0 * (a - b))
+        });
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            log.name,
+            before.map_or("–".into(), pct),
+            after.map_or("–".into(), pct),
+            change,
+            log.after().map_or("–".into(), |e| e.step.to_string()),
+            log.after()
+                .or(log.before())
+                .map_or("–".into(), |e| e.n.to_string()),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(step: u64, policy: &str, acc: f64) -> EvalMetrics {
+        EvalMetrics {
+            step,
+            split: "test".into(),
+            detection_accuracy: acc,
+            localisation_accuracy: acc / 2.0,
+            avg_tool_calls: 2.0,
+            n: 12,
+            policy: policy.into(),
+        }
+    }
+
+    #[test]
+    fn report_reads_logs_and_states_the_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("seed-1");
+        std::fs::create_dir(&run).unwrap();
+        for step in 1..=2 {
+            metrics::append(
+                &run.join("metrics.jsonl"),
+                &StepMetrics {
+                    step,
+                    phase: "ppo".into(),
+                    injection_unique_types: Some(3),
+                    detection_accuracy: Some(0.25),
+                    query_depth: Some(1.5),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        metrics::append(&run.join("eval.jsonl"), &eval(0, "sft", 0.25)).unwrap();
+        metrics::append(&run.join("eval.jsonl"), &eval(2, "ppo", 0.5)).unwrap();
+        let log = RunLog::read(&run).unwrap();
+        assert_eq!(log.name, "seed-1");
+        let md = markdown(&log);
+        assert!(md.contains("+25.0 points (25.0% → 50.0%)"), "{md}");
+        assert_eq!(md.matches("| 3 |").count(), 2, "{md}");
+        let cmp = comparison_markdown(&[log]);
+        assert!(
+            cmp.contains("| seed-1 | 25.0% | 50.0% | +25.0 pts | 2 | 12 |"),
+            "{cmp}"
+        );
+    }
+
+    #[test]
+    fn a_bad_line_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("eval.jsonl"), "{\"step\": 0}\n").unwrap();
+        let e = RunLog::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("eval.jsonl") && e.contains("line 1"), "{e}");
+    }
+}

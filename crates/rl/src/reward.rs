@@ -1,0 +1,177 @@
+//! The rewards of §5.4, as pure functions of the ground truth and what each role did.
+//!
+//! R_det = α·1[d̂ = d] + β·loc_score(l̂, l) + γ·efficiency(τ)
+//! R_inj = r_high if detected after more than k_min calls, r_med if detected sooner, r_low if
+//!         not detected; r_invalid for an injection that failed validation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::RewardWeights;
+
+/// Where the injection really is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truth {
+    pub deficiency: String,
+    pub component: Option<String>,
+    pub file: Option<String>,
+    pub function: Option<String>,
+}
+
+/// A code site of the agent: what a predicted component can point at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    pub component: String,
+    pub file: String,
+    pub function: String,
+}
+
+/// What the Detector said and how long it took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Detection {
+    /// `None` when the episode ended without an answer.
+    pub deficiency: Option<String>,
+    pub component: Option<String>,
+    pub tool_calls: usize,
+}
+
+/// Partial localisation credit: the predicted component's sites (from the agent's manifest)
+/// include the injected function, or only its file; or the component is the injected one
+/// though none of its sites matches; otherwise nothing.
+pub fn loc_score(predicted: Option<&str>, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
+    let Some(predicted) = predicted else {
+        return 0.0;
+    };
+    let mine: Vec<&Site> = sites.iter().filter(|s| s.component == predicted).collect();
+    let same_file = |s: &&Site| truth.file.as_deref() == Some(s.file.as_str());
+    if let Some(function) = &truth.function {
+        if mine
+            .iter()
+            .any(|s| same_file(s) && function_matches(&s.function, function))
+        {
+            return w.loc_function;
+        }
+    }
+    if mine.iter().any(same_file) {
+        return w.loc_file;
+    }
+    if truth.component.as_deref() == Some(predicted) {
+        return w.loc_component;
+    }
+    0.0
+}
+
+/// `Class.method` in a manifest matches `Class.method` or `method` in a location, and back.
+fn function_matches(site: &str, located: &str) -> bool {
+    site == located
+        || site.rsplit('.').next() == Some(located)
+        || located.rsplit('.').next() == Some(site)
+}
+
+/// 1 for an answer without tool calls, falling linearly to 0 at `max_calls`.
+pub fn efficiency(tool_calls: usize, w: &RewardWeights) -> f64 {
+    1.0 - (tool_calls.min(w.max_calls) as f64 / w.max_calls as f64)
+}
+
+/// Equation (1).
+pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
+    let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
+    w.alpha * f64::from(u8::from(correct))
+        + w.beta * loc_score(d.component.as_deref(), truth, sites, w)
+        + w.gamma * efficiency(d.tool_calls, w)
+}
+
+/// Equation (2); `None` detection means the injection failed validation.
+pub fn injector_reward(d: Option<&Detection>, truth: &Truth, w: &RewardWeights) -> f64 {
+    match d {
+        None => w.r_invalid,
+        Some(d) if d.deficiency.as_deref() == Some(truth.deficiency.as_str()) => {
+            if d.tool_calls > w.k_min {
+                w.r_high
+            } else {
+                w.r_med
+            }
+        }
+        Some(_) => w.r_low,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn truth() -> Truth {
+        Truth {
+            deficiency: "P16".into(),
+            component: Some("tools.schema".into()),
+            file: Some("pkg/tools.py".into()),
+            function: Some("Registry.resolve_ref".into()),
+        }
+    }
+
+    fn sites() -> Vec<Site> {
+        let s = |c: &str, f: &str, fun: &str| Site {
+            component: c.into(),
+            file: f.into(),
+            function: fun.into(),
+        };
+        vec![
+            s("tools.schema", "pkg/tools.py", "Registry.resolve_ref"),
+            s("tools.registry", "pkg/tools.py", "Registry.register"),
+            s("llm_client.stream", "pkg/client.py", "stream"),
+            s("memory.store", "pkg/memory.py", "put"),
+        ]
+    }
+
+    #[test]
+    fn localisation_credit_is_function_then_file_then_component() {
+        let w = RewardWeights::default();
+        let t = truth();
+        assert_eq!(loc_score(Some("tools.schema"), &t, &sites(), &w), 1.0);
+        assert_eq!(loc_score(Some("tools.registry"), &t, &sites(), &w), 0.6);
+        assert_eq!(loc_score(Some("llm_client.stream"), &t, &sites(), &w), 0.0);
+        assert_eq!(loc_score(None, &t, &sites(), &w), 0.0);
+        // The injected component, though the manifest has no site of it in that file.
+        let mut other = t.clone();
+        other.component = Some("memory.store".into());
+        other.file = Some("pkg/elsewhere.py".into());
+        assert_eq!(loc_score(Some("memory.store"), &other, &sites(), &w), 0.3);
+        // A method located by its bare name still matches its manifest site.
+        let mut bare = t.clone();
+        bare.function = Some("resolve_ref".into());
+        assert_eq!(loc_score(Some("tools.schema"), &bare, &sites(), &w), 1.0);
+    }
+
+    #[test]
+    fn detector_reward_adds_the_three_terms() {
+        let w = RewardWeights::default();
+        let d = Detection {
+            deficiency: Some("P16".into()),
+            component: Some("tools.schema".into()),
+            tool_calls: 5,
+        };
+        let r = detector_reward(&d, &truth(), &sites(), &w);
+        assert!((r - (1.0 + 0.5 * 1.0 + 0.2 * 0.5)).abs() < 1e-12, "{r}");
+        let wrong = Detection {
+            deficiency: Some("P1".into()),
+            component: None,
+            tool_calls: 20,
+        };
+        assert_eq!(detector_reward(&wrong, &truth(), &sites(), &w), 0.0);
+        assert_eq!(efficiency(0, &w), 1.0);
+    }
+
+    #[test]
+    fn injector_reward_follows_equation_two() {
+        let w = RewardWeights::default();
+        let t = truth();
+        let det = |id: &str, calls| Detection {
+            deficiency: Some(id.into()),
+            component: None,
+            tool_calls: calls,
+        };
+        assert_eq!(injector_reward(Some(&det("P16", 3)), &t, &w), w.r_high);
+        assert_eq!(injector_reward(Some(&det("P16", 2)), &t, &w), w.r_med);
+        assert_eq!(injector_reward(Some(&det("C3", 9)), &t, &w), w.r_low);
+        assert_eq!(injector_reward(None, &t, &w), w.r_invalid);
+    }
+}

@@ -1,0 +1,825 @@
+//! The self-play loop. A step:
+//!
+//! 1. the Injector proposes `injections_per_step` injections (a constrained choice per agent);
+//! 2. a worker thread applies, runs and validates them one after another, while
+//! 3. the Detector investigates each valid trace as soon as it is there;
+//! 4. rewards are computed for both roles (and for higher-order reviews of earlier failures);
+//! 5. each role's adapter gets one PPO update (role-alternating: Injector, then Detector).
+//!
+//! Before the first step, a supervised warm start on the expert's demonstrations (when a
+//! corpus is configured) and a held-out evaluation; after the last, another evaluation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use detect::policies::KeywordPolicy;
+use detect::Verdict;
+use indicatif::{ProgressBar, ProgressStyle};
+use model::{AdamW, AdamWConfig, DType, Device, LoraConfig, Projection};
+use policy::{
+    ActionGrammar, Conversation, DetectorOptions, LearnedDetector, PolicyModel, SharedModel,
+};
+
+use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
+use crate::config::{InjectorMode, RunConfig, Topology};
+use crate::environment::{self, Environment};
+use crate::evaluate::{self, Accuracy, SplitTraces};
+use crate::higher_order::{self, FailedInvestigation};
+use crate::metrics::{self, EvalMetrics, StepMetrics};
+use crate::ppo::{self, Role, Sample};
+use crate::reward::{self, Detection};
+use crate::{Result, RlError};
+
+/// How a `pathfinder train` invocation runs.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The repository root (with `agents/` and `deficiencies/`).
+    pub root: PathBuf,
+    pub run_dir: PathBuf,
+    /// Continue from the newest checkpoint of `run_dir`.
+    pub resume: bool,
+    /// Stop after the warm start.
+    pub sft_only: bool,
+    /// Stop after this many PPO steps in this invocation (the run stays resumable).
+    pub max_steps: Option<u64>,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+/// What a finished invocation reports.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOutcome {
+    pub last_step: u64,
+    /// Held-out accuracy after the warm start (before any PPO step) and at the end.
+    pub before: Option<Accuracy>,
+    pub after: Option<Accuracy>,
+}
+
+/// One step's injection and what became of it.
+struct Episode {
+    agent: String,
+    deficiency: String,
+    injector: Conversation,
+    manifest: Option<corpus::Manifest>,
+    detection: Option<(Detection, Conversation, detect::Transcript)>,
+}
+
+/// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
+/// randomness in a run.
+pub fn mix(seed: u64, step: u64, index: u64, purpose: u64) -> u64 {
+    let mut z = seed
+        ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+        ^ purpose.wrapping_mul(0x94D0_49BB_1331_11EB);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub struct Trainer {
+    config: RunConfig,
+    config_text: String,
+    options: TrainOptions,
+    shared: SharedModel,
+    grammar: Arc<ActionGrammar>,
+    optimizers: BTreeMap<String, AdamW>,
+    state: TrainerState,
+    keyword: KeywordPolicy,
+}
+
+impl Trainer {
+    /// Loads the model and prepares fresh adapters (or the run's newest checkpoint with
+    /// `resume`).
+    pub fn new(config_text: &str, config_path: &Path, options: TrainOptions) -> Result<Trainer> {
+        let config = RunConfig::parse(config_text, config_path)?;
+        let dtype = match config.model.dtype.as_str() {
+            "bf16" => DType::BF16,
+            _ => DType::F32,
+        };
+        let device = Device::cuda_if_available(0)?;
+        let pm = PolicyModel::load(&config.model_path()?, dtype, &device)?;
+        Trainer::with_model(config, config_text, options, pm)
+    }
+
+    /// [`Trainer::new`] with a model already in memory (tests use a tiny random one).
+    pub fn with_model(
+        config: RunConfig,
+        config_text: &str,
+        options: TrainOptions,
+        mut pm: PolicyModel,
+    ) -> Result<Trainer> {
+        let run_config = options.run_dir.join("config.toml");
+        let latest = checkpoint::latest(&options.run_dir)?;
+        if options.resume {
+            let stored =
+                std::fs::read_to_string(&run_config).map_err(|e| RlError::io(&run_config, e))?;
+            let mut a = RunConfig::parse(&stored, &run_config)?;
+            let mut b = config.clone();
+            // A resumed run may be extended; everything else must match.
+            a.run.steps = 0;
+            b.run.steps = 0;
+            if a != b {
+                return Err(RlError::Config {
+                    path: run_config,
+                    reason: "the run was started with another configuration (only run.steps may change on --resume)".into(),
+                });
+            }
+        } else if latest.is_some() {
+            return Err(RlError::Config {
+                path: options.run_dir.clone(),
+                reason: "this run already has checkpoints; pass --resume to continue it or choose another --run".into(),
+            });
+        }
+        std::fs::create_dir_all(&options.run_dir).map_err(|e| RlError::io(&options.run_dir, e))?;
+        std::fs::write(&run_config, config_text).map_err(|e| RlError::io(&run_config, e))?;
+        if latest.is_none() {
+            // Lines of an attempt that died before its first checkpoint are redone.
+            for file in ["metrics.jsonl", "eval.jsonl"] {
+                let p = options.run_dir.join(file);
+                if p.exists() {
+                    std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
+                }
+            }
+        }
+
+        let lora = LoraConfig {
+            rank: config.lora.rank,
+            alpha: config.lora.alpha,
+            dropout: config.lora.dropout,
+            target_modules: config
+                .lora
+                .targets
+                .iter()
+                .map(|t| {
+                    Projection::from_peft_name(t).ok_or_else(|| RlError::Config {
+                        path: run_config.clone(),
+                        reason: format!("field `lora.targets`: unknown projection `{t}`"),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
+            use_rslora: false,
+        };
+        let names = adapter_names(config.run.topology);
+        let mut optimizers = BTreeMap::new();
+        for (i, name) in names.iter().enumerate() {
+            if pm.model.adapter(name).is_none() {
+                pm.model
+                    .add_adapter(name, lora.clone(), mix(config.run.seed, 0, i as u64, 7))?;
+                pm.model.add_value_head(name)?;
+            }
+        }
+        let mut state = TrainerState {
+            seed: config.run.seed,
+            rng_scheme: RNG_SCHEME.into(),
+            ..TrainerState::default()
+        };
+        if options.resume {
+            if let Some((step, dir)) = &latest {
+                for name in &names {
+                    checkpoint::load_adapter(&mut pm.model, dir, name)?;
+                }
+                state = checkpoint::read_state(dir)?;
+                for file in ["metrics.jsonl", "eval.jsonl"] {
+                    metrics::truncate_after(&options.run_dir.join(file), *step)?;
+                }
+                tracing::info!(step, "resuming from {}", dir.display());
+            }
+        }
+        for name in &names {
+            let mut opt = AdamW::new(
+                pm.model.trainable_vars(name)?,
+                AdamWConfig {
+                    lr: config.ppo.lr,
+                    weight_decay: config.ppo.weight_decay,
+                    ..AdamWConfig::default()
+                },
+            )?;
+            if let (true, Some((_, dir))) = (options.resume, &latest) {
+                checkpoint::load_optimizer(dir, name, &mut opt)?;
+            }
+            optimizers.insert(name.to_string(), opt);
+        }
+        let catalog = taxonomy::Catalog::embedded().map_err(|e| RlError::Model(e.to_string()))?;
+        let grammar = Arc::new(ActionGrammar::new(
+            &pm.tokenizer,
+            &catalog,
+            &policy::grammar::LEARNED_TOOLS,
+        )?);
+        Ok(Trainer {
+            config,
+            config_text: config_text.to_owned(),
+            options,
+            shared: Arc::new(Mutex::new(pm)),
+            grammar,
+            optimizers,
+            state,
+            keyword: KeywordPolicy::new().map_err(RlError::Environment)?,
+        })
+    }
+
+    fn adapter(&self, role: Role) -> &'static str {
+        match (self.config.run.topology, role) {
+            (Topology::Shared, _) => "policy",
+            (Topology::Separate, Role::Injector) => "injector",
+            (Topology::Separate, _) => "detector",
+        }
+    }
+
+    fn bar(&self, len: u64, template: &str) -> ProgressBar {
+        if !self.options.progress {
+            return ProgressBar::hidden();
+        }
+        ProgressBar::new(len).with_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        )
+    }
+
+    fn save(&self) -> Result<PathBuf> {
+        let pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let adapters: Vec<(&str, &AdamW)> = self
+            .optimizers
+            .iter()
+            .map(|(n, o)| (n.as_str(), o))
+            .collect();
+        checkpoint::save(
+            &self.options.run_dir,
+            &pm.model,
+            &adapters,
+            &self.state,
+            &self.config_text,
+        )
+    }
+
+    fn detector_options(&self, seed: u64) -> DetectorOptions {
+        DetectorOptions {
+            adapter: Some(self.adapter(Role::Detector).into()),
+            temperature: self.config.detector.temperature,
+            max_action_tokens: self.config.detector.max_action_tokens,
+            observation_chars: self.config.detector.observation_chars,
+            seed,
+        }
+    }
+
+    fn held_out(&self) -> Result<Option<SplitTraces>> {
+        if self.config.eval.corpus.is_empty() {
+            return Ok(None);
+        }
+        let corpus = self.options.root.join(&self.config.eval.corpus);
+        evaluate::split_traces(
+            &corpus,
+            &self.config.eval.split,
+            self.config.eval.max_traces,
+        )
+        .map(Some)
+    }
+
+    /// Evaluates the Detector on the held-out split and appends the result to `eval.jsonl`.
+    fn evaluate(&self, split: &SplitTraces, label: &str) -> Result<Accuracy> {
+        let bar = self.bar(
+            split.traces.len() as u64,
+            "eval  {bar:30} {pos}/{len} {msg}",
+        );
+        let mut right = 0;
+        let acc = evaluate::evaluate(
+            &self.shared,
+            &self.grammar,
+            &self.detector_options(0),
+            self.config.detector.max_turns,
+            split,
+            |case| {
+                if eval::metrics::detected(case) {
+                    right += 1;
+                }
+                bar.inc(1);
+                bar.set_message(format!("{right} detected"));
+            },
+        )?;
+        bar.finish_and_clear();
+        metrics::append(
+            &self.options.run_dir.join("eval.jsonl"),
+            &EvalMetrics {
+                step: self.state.step,
+                split: self.config.eval.split.clone(),
+                detection_accuracy: acc.detection,
+                localisation_accuracy: acc.localisation,
+                avg_tool_calls: acc.avg_tool_calls,
+                n: acc.n,
+                policy: label.into(),
+            },
+        )?;
+        Ok(acc)
+    }
+
+    /// Supervised warm start on the expert's demonstrations of the corpus's train split.
+    fn warm_start(&mut self) -> Result<()> {
+        let corpus = self.options.root.join(&self.config.eval.corpus);
+        let split = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
+        let bar = self.bar(
+            split.traces.len() as u64,
+            "expert {bar:30} {pos}/{len} demonstrations",
+        );
+        let demos = evaluate::demonstrations(
+            &self.shared,
+            &self.grammar,
+            &split,
+            self.config.sft.max_probes,
+            self.config.detector.observation_chars,
+            |i| bar.set_position(i as u64),
+        )?;
+        bar.finish_and_clear();
+        if demos.is_empty() {
+            return Err(RlError::Environment(format!(
+                "{}: the expert's train-split investigations gave no demonstration the grammar can write",
+                corpus.display()
+            )));
+        }
+        let adapter = self.adapter(Role::Detector);
+        let sft_opt = AdamWConfig {
+            lr: self.config.sft.lr,
+            weight_decay: self.config.ppo.weight_decay,
+            ..AdamWConfig::default()
+        };
+        let batch = 4;
+        let updates = self.config.sft.epochs * demos.len().div_ceil(batch);
+        let bar = self.bar(updates as u64, "sft   {bar:30} {pos}/{len} {msg}");
+        // A separate optimizer: the warm start's moments should not steer PPO's first steps.
+        let vars = {
+            let pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            pm.model.trainable_vars(adapter)?
+        };
+        let mut opt = AdamW::new(vars, sft_opt)?;
+        let mut update = 0;
+        for epoch in 0..self.config.sft.epochs {
+            for chunk in demos.chunks(batch) {
+                let started = Instant::now();
+                let loss = {
+                    let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                    ppo::sft_step(&mut pm.model, adapter, &mut opt, chunk, 1.0)?
+                };
+                update += 1;
+                let tokens: usize = chunk.iter().map(Conversation::len).sum();
+                let secs = started.elapsed().as_secs_f64();
+                metrics::append(
+                    &self.options.run_dir.join("metrics.jsonl"),
+                    &StepMetrics {
+                        step: 0,
+                        phase: "sft".into(),
+                        unix_ms: unix_ms(),
+                        sft_loss: Some(loss),
+                        episodes: Some(chunk.len()),
+                        tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
+                        seconds: Some(secs),
+                        ..StepMetrics::default()
+                    },
+                )?;
+                bar.inc(1);
+                bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
+                tracing::debug!(update, loss, "sft update");
+            }
+        }
+        bar.finish_and_clear();
+        self.state.warm_started = true;
+        Ok(())
+    }
+
+    /// Runs the warm start (if due), the PPO steps and the evaluations.
+    pub fn run(&mut self) -> Result<TrainOutcome> {
+        let held_out = self.held_out()?;
+        let mut outcome = TrainOutcome {
+            last_step: self.state.step,
+            ..TrainOutcome::default()
+        };
+        let fresh = checkpoint::latest(&self.options.run_dir)?.is_none();
+        if fresh {
+            if held_out.is_some() {
+                self.warm_start()?;
+            }
+            if let Some(split) = &held_out {
+                outcome.before = Some(self.evaluate(split, "sft")?);
+            }
+            self.save()?;
+        } else if let Some(split) = &held_out {
+            outcome.before = read_eval(&self.options.run_dir, 0)?;
+            let _ = split;
+        }
+        if self.options.sft_only {
+            return Ok(outcome);
+        }
+
+        let mut env = Environment::new(
+            &self.options.root,
+            &self.config.run.agents,
+            &self.options.run_dir.join("live"),
+            self.config.run.seed,
+            Duration::from_secs(self.config.run.agent_timeout_secs),
+        )?;
+        let last = self.config.run.steps;
+        let first = self.state.step + 1;
+        let stop = match self.options.max_steps {
+            Some(n) => (first + n).saturating_sub(1).min(last),
+            None => last,
+        };
+        let bar = self.bar(last, "train {bar:30} {pos}/{len} {msg} [{elapsed_precise}]");
+        bar.set_position(self.state.step);
+        for step in first..=stop {
+            let m = self.step(&mut env, step)?;
+            self.state.step = step;
+            metrics::append(&self.options.run_dir.join("metrics.jsonl"), &m)?;
+            bar.set_position(step);
+            bar.set_message(format!(
+                "R_inj {:.2} R_det {:.2} det {:.0}% calls {:.1} kl {:.3}",
+                m.reward_injector.unwrap_or(0.0),
+                m.reward_detector.unwrap_or(0.0),
+                100.0 * m.detection_accuracy.unwrap_or(0.0),
+                m.query_depth.unwrap_or(0.0),
+                m.kl.unwrap_or(0.0)
+            ));
+            let evaluate_now = self.config.eval.every > 0 && step % self.config.eval.every == 0;
+            if let (Some(split), true) = (&held_out, evaluate_now && step != last) {
+                self.evaluate(split, "ppo")?;
+            }
+            if step % self.config.run.checkpoint_every == 0 || step == last {
+                self.save()?;
+            }
+        }
+        bar.finish_and_clear();
+        outcome.last_step = self.state.step;
+        if first > last {
+            // The run had already finished: report its final evaluation.
+            outcome.after = read_eval(&self.options.run_dir, last)?;
+        } else if self.state.step == last {
+            if let Some(split) = &held_out {
+                outcome.after = Some(self.evaluate(split, "ppo")?);
+                // The final checkpoint carries the final evaluation line too.
+                self.save()?;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// One self-play step.
+    fn step(&mut self, env: &mut Environment, step: u64) -> Result<StepMetrics> {
+        let started = Instant::now();
+        let seed = self.config.run.seed;
+        let n = self.config.run.injections_per_step;
+        let agents = self.config.run.agents.clone();
+        let injector = self.adapter(Role::Injector);
+
+        // 1. The Injector proposes.
+        let history = history_line(&self.state.history);
+        let mut episodes = Vec::with_capacity(n);
+        let mut planned = Vec::with_capacity(n);
+        let mut diffs: Vec<Option<String>> = Vec::with_capacity(n);
+        for i in 0..n {
+            let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
+            let diff_mode = self.config.injector.mode == InjectorMode::Diff;
+            let options = env.options(&agent, diff_mode)?;
+            let info = env.agent(&agent)?;
+            let mut choice = {
+                let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                policy::choose_injection(
+                    &mut pm,
+                    Some(injector),
+                    &agent,
+                    &info.components,
+                    &history,
+                    &options,
+                    self.config.detector.temperature,
+                    mix(seed, step, i as u64, 1),
+                )?
+            };
+            let option = &options[choice.index];
+            let diff = if diff_mode {
+                let edit = &env.template(&agent, option)?.edits[0];
+                let name = env
+                    .catalog()
+                    .get(&option.deficiency)
+                    .map_or(String::new(), |d| format!(" ({})", d.name));
+                let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                Some(policy::write_diff(
+                    &mut pm,
+                    Some(injector),
+                    &mut choice.conversation,
+                    &edit.file,
+                    &edit.find,
+                    &format!("{}{name}", option.deficiency),
+                    self.config.injector.max_diff_tokens,
+                    self.config.detector.temperature,
+                    mix(seed, step, i as u64, 5),
+                )?)
+            } else {
+                None
+            };
+            diffs.push(diff);
+            planned.push(env.plan(
+                &format!("s{step:05}i{i:02}"),
+                &agent,
+                option,
+                mix(seed, step, i as u64, 2),
+            )?);
+            episodes.push(Episode {
+                agent,
+                deficiency: option.deficiency.clone(),
+                injector: choice.conversation,
+                manifest: None,
+                detection: None,
+            });
+        }
+
+        // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
+        let stores = self.options.run_dir.join("live").join("stores");
+        std::fs::create_dir_all(&stores).map_err(|e| RlError::io(&stores, e))?;
+        let store_path = stores.join(format!("step-{step}.sqlite"));
+        for suffix in ["", "-wal", "-shm"] {
+            let p = PathBuf::from(format!("{}{suffix}", store_path.display()));
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
+            }
+        }
+        let mut store = traces::Store::open(&store_path)
+            .map_err(|e| RlError::Environment(format!("{}: {e}", store_path.display())))?;
+        let detector = detect::Detector::new(
+            store_path.clone(),
+            evaluate::learned_config(self.config.detector.max_turns),
+            false,
+        )
+        .map_err(|e| RlError::Environment(e.to_string()))?;
+        let out = env.out().to_owned();
+        let worker_result: Result<()> = std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            let env_ref = &mut *env;
+            let planned_ref = &planned;
+            let diffs_ref = &diffs;
+            scope.spawn(move || {
+                for (i, p) in planned_ref.iter().enumerate() {
+                    let r = match &diffs_ref[i] {
+                        Some(d) => env_ref.run_diff(p, d),
+                        None => env_ref.run(p),
+                    };
+                    let failed = r.is_err();
+                    if tx.send((i, r)).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            for (i, manifest) in rx {
+                let manifest = manifest?;
+                // Kept beside the episode for inspection (the corpus layout).
+                let record = out
+                    .join("episodes")
+                    .join(corpus::episode_dir_name(&manifest.id))
+                    .join("manifest.json");
+                let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+                std::fs::write(&record, json).map_err(|e| RlError::io(&record, e))?;
+                if manifest.validation.valid {
+                    let trace_id = format!("t{step:05}{i:02}");
+                    environment::import(&mut store, &out, &manifest, &trace_id)?;
+                    let sink = Arc::new(Mutex::new(Conversation::new()));
+                    let policy = LearnedDetector::new(
+                        Arc::clone(&self.shared),
+                        Arc::clone(&self.grammar),
+                        self.detector_options(mix(seed, step, i as u64, 3)),
+                    )
+                    .with_sink(Arc::clone(&sink));
+                    let transcript =
+                        detector
+                            .investigate(&trace_id, Box::new(policy))
+                            .map_err(|e| {
+                                RlError::Environment(format!("investigating {trace_id}: {e}"))
+                            })?;
+                    let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let (deficiency, component) = match transcript.verdict() {
+                        Some(Verdict::Deficiency {
+                            deficiency_id,
+                            component,
+                            ..
+                        }) => (Some(deficiency_id.clone()), Some(component.clone())),
+                        _ => (None, None),
+                    };
+                    let detection = Detection {
+                        deficiency,
+                        component,
+                        tool_calls: eval::store_eval::tool_calls(&transcript),
+                    };
+                    episodes[i].detection = Some((detection, conversation, transcript));
+                }
+                episodes[i].manifest = Some(manifest);
+            }
+            Ok(())
+        });
+        worker_result?;
+        drop(store);
+        if let Some(i) = episodes.iter().position(|e| e.manifest.is_none()) {
+            return Err(RlError::Environment(format!(
+                "episode {i} of step {step} did not run"
+            )));
+        }
+
+        // 4. Rewards.
+        let w = &self.config.reward;
+        let mut samples_inj = Vec::new();
+        let mut samples_det = Vec::new();
+        let (mut r_inj_sum, mut r_det_sum, mut detected, mut localised, mut calls) =
+            (0.0, 0.0, 0usize, 0usize, 0usize);
+        let mut new_failures: Vec<FailedInvestigation> = Vec::new();
+        let mut investigated = 0usize;
+        let mut chosen_types = Vec::new();
+        for e in &episodes {
+            chosen_types.push(e.deficiency.clone());
+            let manifest = e.manifest.as_ref().expect("checked above");
+            let truth = environment::truth(manifest);
+            let sites = &env.agent(&e.agent)?.sites;
+            let (r_inj, r_det) = match &e.detection {
+                None => (reward::injector_reward(None, &truth, w), None),
+                Some((d, _, _)) => (
+                    reward::injector_reward(Some(d), &truth, w),
+                    Some(reward::detector_reward(d, &truth, sites, w)),
+                ),
+            };
+            r_inj_sum += r_inj;
+            let joint = r_inj + r_det.unwrap_or(0.0);
+            samples_inj.push(Sample {
+                role: Role::Injector,
+                conversation: e.injector.clone(),
+                reward: if w.joint { joint } else { r_inj },
+            });
+            if let (Some((d, conversation, transcript)), Some(r_det)) = (&e.detection, r_det) {
+                investigated += 1;
+                r_det_sum += r_det;
+                calls += d.tool_calls;
+                let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
+                detected += usize::from(correct);
+                localised += usize::from(
+                    reward::loc_score(d.component.as_deref(), &truth, sites, w) >= w.loc_function,
+                );
+                self.state.history.push((truth.deficiency.clone(), correct));
+                if conversation.generated_count() > 0 {
+                    samples_det.push(Sample {
+                        role: Role::Detector,
+                        conversation: conversation.clone(),
+                        reward: if w.joint { joint } else { r_det },
+                    });
+                }
+                if let Some(f) = higher_order::from_transcript(transcript, &truth, &self.keyword) {
+                    new_failures.push(f);
+                }
+            } else {
+                self.state.history.push((truth.deficiency.clone(), false));
+            }
+        }
+        let keep = self.state.history.len().saturating_sub(16);
+        self.state.history.drain(..keep);
+
+        // Higher-order examples from earlier steps' failures.
+        let mut reviews = Vec::new();
+        if self.config.higher_order.enabled {
+            let take = self
+                .config
+                .higher_order
+                .per_step
+                .min(self.state.failed.len());
+            let chosen: Vec<FailedInvestigation> = self.state.failed.drain(..take).collect();
+            for (k, f) in chosen.iter().enumerate() {
+                let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                let (conversation, reward) = higher_order::review(
+                    &mut pm,
+                    self.adapter(Role::Review),
+                    f,
+                    self.config.detector.temperature,
+                    mix(seed, step, k as u64, 4),
+                )?;
+                reviews.push(Sample {
+                    role: Role::Review,
+                    conversation,
+                    reward,
+                });
+            }
+            self.state.failed.extend(new_failures);
+            let excess = self
+                .state
+                .failed
+                .len()
+                .saturating_sub(self.config.higher_order.buffer);
+            self.state.failed.drain(..excess);
+        }
+        let review_reward = (!reviews.is_empty())
+            .then(|| reviews.iter().map(|s| s.reward).sum::<f64>() / reviews.len() as f64);
+        let n_reviews = reviews.len();
+        samples_det.extend(reviews);
+
+        // 5. PPO, role-alternating: the Injector's batch, then the Detector's.
+        let tokens: usize = samples_inj
+            .iter()
+            .chain(&samples_det)
+            .map(|s| s.conversation.len())
+            .sum();
+        let ppo_cfg = self.config.ppo.clone();
+        let mut stats = Vec::new();
+        for (role, batch, entropy_coef) in [
+            (Role::Injector, &samples_inj, ppo_cfg.entropy_coef_injector),
+            (Role::Detector, &samples_det, ppo_cfg.entropy_coef_detector),
+        ] {
+            if batch.is_empty() {
+                continue;
+            }
+            let name = self.adapter(role);
+            let optimizer = self
+                .optimizers
+                .get_mut(name)
+                .expect("one optimizer per adapter");
+            let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            stats.push(ppo::update(
+                &mut pm.model,
+                name,
+                optimizer,
+                batch,
+                &ppo_cfg,
+                entropy_coef,
+            )?);
+        }
+        let weighted = |f: fn(&ppo::PpoStats) -> f64| {
+            let t: usize = stats.iter().map(|s| s.tokens).sum();
+            (t > 0).then(|| stats.iter().map(|s| f(s) * s.tokens as f64).sum::<f64>() / t as f64)
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let nf = n as f64;
+        let valid = episodes.iter().filter(|e| e.detection.is_some()).count();
+        let per_inv = |x: f64| (investigated > 0).then(|| x / investigated as f64);
+        let mut unique = chosen_types.clone();
+        unique.sort();
+        unique.dedup();
+        Ok(StepMetrics {
+            step,
+            phase: "ppo".into(),
+            unix_ms: unix_ms(),
+            reward_injector: Some(r_inj_sum / nf),
+            reward_detector: per_inv(r_det_sum),
+            reward_joint: Some(samples_inj.iter().map(|s| s.reward).sum::<f64>() / nf),
+            detection_accuracy: per_inv(detected as f64),
+            localisation_accuracy: per_inv(localised as f64),
+            injection_unique_types: Some(unique.len()),
+            injection_entropy: Some(metrics::entropy_of(&chosen_types)),
+            query_depth: per_inv(calls as f64),
+            kl: weighted(|s| s.kl),
+            clip_fraction: weighted(|s| s.clip_fraction),
+            value_loss: weighted(|s| s.value_loss),
+            policy_loss: weighted(|s| s.policy_loss),
+            entropy: weighted(|s| s.entropy),
+            sft_loss: None,
+            episodes_per_min: Some(nf / (secs / 60.0)),
+            tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
+            valid_injections: Some(valid),
+            episodes: Some(n),
+            higher_order: Some(n_reviews),
+            reward_review: review_reward,
+            seconds: Some(secs),
+        })
+    }
+}
+
+/// Adapter names per topology.
+fn adapter_names(topology: Topology) -> Vec<&'static str> {
+    match topology {
+        Topology::Separate => vec!["detector", "injector"],
+        Topology::Shared => vec!["policy"],
+    }
+}
+
+/// The Injector's view of the run's history: recent types and whether they were detected.
+fn history_line(history: &[(String, bool)]) -> String {
+    history
+        .iter()
+        .rev()
+        .take(8)
+        .map(|(t, d)| format!("{t} {}", if *d { "detected" } else { "missed" }))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The evaluation a run recorded at `step` (the warm-started policy at step 0).
+fn read_eval(run: &Path, step: u64) -> Result<Option<Accuracy>> {
+    let path = run.join("eval.jsonl");
+    if !path.exists() {
+        return Ok(None);
+    }
+    for m in metrics::read_jsonl::<EvalMetrics>(&path)? {
+        if m.step == step {
+            return Ok(Some(Accuracy {
+                detection: m.detection_accuracy,
+                localisation: m.localisation_accuracy,
+                avg_tool_calls: m.avg_tool_calls,
+                n: m.n,
+            }));
+        }
+    }
+    Ok(None)
+}
