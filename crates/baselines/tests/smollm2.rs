@@ -5,37 +5,15 @@
 //! smollm2-135m`). When the file is missing the test fails under CI (`CI=true`) and is skipped
 //! with a message otherwise.
 
-use std::path::PathBuf;
-
 use model::{DType, Device};
 use policy::baseline::{self, BaselineOptions};
 use policy::PolicyModel;
 
-fn weights() -> Option<PathBuf> {
-    let path = match std::env::var_os("PATHFINDER_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let m = model::fetch::known_model("smollm2-135m").unwrap();
-            model::fetch::cached_path(&model::fetch::default_cache_dir(), m)
-        }
-    };
-    if path.exists() {
-        return Some(path);
-    }
-    let msg = format!(
-        "SmolLM2 weights not found at {} (run `pathfinder model fetch smollm2-135m` or set PATHFINDER_SMOLLM2_GGUF)",
-        path.display()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{msg}");
-    }
-    eprintln!("skipping: {msg}");
-    None
-}
-
 #[test]
 fn the_default_budget_leaves_smollm2_room_for_the_trace() {
-    let Some(path) = weights() else { return };
+    let Some(path) = model::testing::smollm2_weights() else {
+        return;
+    };
     let pm = PolicyModel::load(&path, DType::F32, &Device::Cpu).unwrap();
     let catalog = taxonomy::Catalog::embedded().unwrap();
     let system = baseline::system_prompt(&catalog);

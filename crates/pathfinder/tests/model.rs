@@ -1,30 +1,9 @@
 //! End-to-end tests of `pathfinder model`.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn pathfinder() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pathfinder"))
-}
-
-/// The SmolLM2 GGUF, or None (skip) outside CI when it was never fetched.
-fn smollm2() -> Option<PathBuf> {
-    let path = match std::env::var_os("PATHFINDER_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => model::fetch::cached_path(
-            &model::fetch::default_cache_dir(),
-            model::fetch::known_model("smollm2-135m").unwrap(),
-        ),
-    };
-    if path.exists() {
-        return Some(path);
-    }
-    let msg = format!("SmolLM2 weights not found at {}", path.display());
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{msg}: run `pathfinder model fetch smollm2-135m`");
-    }
-    eprintln!("skipping: {msg}");
-    None
 }
 
 #[test]
@@ -96,7 +75,9 @@ fn generate_explains_missing_models() {
 
 #[test]
 fn fetch_reuses_a_verified_cached_file_and_generate_answers() {
-    let Some(gguf) = smollm2() else { return };
+    let Some(gguf) = model::testing::smollm2_weights() else {
+        return;
+    };
     let cache = tempfile::tempdir().unwrap();
     let known = model::fetch::known_model("smollm2-135m").unwrap();
     let target = model::fetch::cached_path(cache.path(), known);

