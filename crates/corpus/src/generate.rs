@@ -18,6 +18,7 @@
 //! OUT/store.sqlite                     validated injected traces with their labels
 //! OUT/corpus.jsonl                     one record per validated episode, with its split
 //! OUT/splits/{train,val,test}.jsonl    the same records by split
+//! OUT/corpus.parquet, OUT/splits/*.parquet   the same records as Parquet (see `parquet`)
 //! OUT/report.json                      pass rate per type and why episodes failed
 //! OUT/digest                           sha256 of the corpus's deterministic content
 //! ```
@@ -794,9 +795,19 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
         split_counts.insert(name.to_owned(), chosen.len());
         write_atomic(
             &splits_dir.join(format!("{name}.jsonl")),
-            chosen.into_iter().map(line).collect::<String>().as_bytes(),
+            chosen
+                .iter()
+                .copied()
+                .map(line)
+                .collect::<String>()
+                .as_bytes(),
         )?;
+        crate::parquet::write(&splits_dir.join(format!("{name}.parquet")), &chosen)?;
     }
+    crate::parquet::write(
+        &out.join("corpus.parquet"),
+        &records.iter().collect::<Vec<_>>(),
+    )?;
     let ledger: String = manifests
         .iter()
         .map(|m| {

@@ -3,11 +3,12 @@
 //! Sits after `inject`, `agents`, `traces` and `detect` in the data flow: it runs clean and
 //! injected agents (the `agents` crate's local run path against the in-process scripted LLM),
 //! compares their traces on stable features, asks the keyword baseline whether it names the
-//! type, and publishes validated episodes as a store, manifests, splits and JSON Lines.
+//! type, and publishes validated episodes as a store, manifests, splits, JSON Lines and Parquet.
 
 pub mod features;
 pub mod generate;
 pub mod keyword;
+pub mod parquet;
 pub mod validate;
 
 pub use features::{FeatureDiff, TraceFeatures};

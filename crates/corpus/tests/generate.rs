@@ -93,6 +93,22 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
         .map(|s| read(&a.join(format!("splits/{s}.jsonl"))).lines().count())
         .sum();
     assert_eq!(split_lines, 1);
+    // The Parquet export holds the same record.
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let parquet_rows = |p: &Path| {
+        let file = std::fs::File::open(p).unwrap();
+        SerializedFileReader::new(file)
+            .unwrap()
+            .metadata()
+            .file_metadata()
+            .num_rows()
+    };
+    assert_eq!(parquet_rows(&a.join("corpus.parquet")), 1);
+    let split_rows: i64 = ["train", "val", "test"]
+        .iter()
+        .map(|s| parquet_rows(&a.join(format!("splits/{s}.parquet"))))
+        .sum();
+    assert_eq!(split_rows, 1);
 
     // Interrupted after one episode, then killed in the middle of the next (a directory
     // without a manifest and a half-built store), then resumed.
