@@ -24,13 +24,15 @@ pub struct SplitTraces {
 }
 
 /// Reads `corpus/splits/SPLIT.jsonl` against `corpus/store.sqlite`; at most `max` traces
-/// (0: all), in split order.
+/// (0: all). A split lists its records agent by agent, so a plain prefix of it would hold one
+/// agent's traces only; a bounded selection takes the agents in turn instead ([`interleave`]).
 pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTraces> {
     let db = corpus.join("store.sqlite");
     let ids = store_eval::read_split(&corpus.join("splits").join(format!("{split}.jsonl")))
         .map_err(eval_err)?;
     let mut traces = store_eval::labelled_traces(&db, Some(&ids)).map_err(eval_err)?;
-    if max > 0 {
+    if max > 0 && traces.len() > max {
+        traces = interleave(traces);
         traces.truncate(max);
     }
     if traces.is_empty() {
@@ -40,6 +42,25 @@ pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTrace
         )));
     }
     Ok(SplitTraces { db, traces })
+}
+
+/// Reorders traces round-robin over their agents (in order of first appearance), keeping each
+/// agent's own order: the first N of the result cover every agent as evenly as N allows.
+pub fn interleave(traces: Vec<Labelled>) -> Vec<Labelled> {
+    let mut queues: Vec<(Option<String>, std::collections::VecDeque<Labelled>)> = Vec::new();
+    for t in traces {
+        match queues.iter_mut().find(|(agent, _)| *agent == t.agent) {
+            Some((_, queue)) => queue.push_back(t),
+            None => queues.push((t.agent.clone(), [t].into())),
+        }
+    }
+    let mut out = Vec::new();
+    while queues.iter().any(|(_, q)| !q.is_empty()) {
+        for (_, queue) in &mut queues {
+            out.extend(queue.pop_front());
+        }
+    }
+    out
 }
 
 /// The Detector's environment configuration for a learned policy: no subagents and no
@@ -135,4 +156,36 @@ pub fn demonstrations(
         on_done(i + 1);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labelled(agent: &str, id: &str) -> Labelled {
+        Labelled {
+            trace_id: id.into(),
+            truth: eval::metrics::Truth {
+                deficiency_id: "P1".into(),
+                component: None,
+                file: None,
+                function: None,
+            },
+            agent: Some(agent.into()),
+        }
+    }
+
+    #[test]
+    fn interleave_takes_agents_in_turn_and_keeps_their_order() {
+        let input = vec![
+            labelled("a", "a1"),
+            labelled("a", "a2"),
+            labelled("a", "a3"),
+            labelled("b", "b1"),
+            labelled("c", "c1"),
+            labelled("c", "c2"),
+        ];
+        let ids: Vec<String> = interleave(input).into_iter().map(|t| t.trace_id).collect();
+        assert_eq!(ids, ["a1", "b1", "c1", "a2", "c2", "a3"]);
+    }
 }
