@@ -2,6 +2,7 @@
 //! the injected trace alone?
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::validate::NonTriviality;
 
@@ -30,6 +31,18 @@ pub fn keyword_baseline(trace: &Path, deficiency: &str) -> NonTriviality {
     }
 }
 
+/// The Detector's default limits with generous clocks. Non-triviality is a property of the
+/// trace and is part of the corpus digest, so it must not change with machine load: under the
+/// interactive 5 s wall-clock limit a starved machine can kill the keyword grep, and the
+/// baseline then falls back to its no-match guess.
+fn config() -> detect::Config {
+    let mut config = detect::Config::default();
+    config.sandbox.wall = Duration::from_secs(120);
+    config.sandbox.cpu_seconds = 60;
+    config.sql.wall = Duration::from_secs(60);
+    config
+}
+
 fn run(trace: &Path) -> Result<Option<String>, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("scratch directory: {e}"))?;
     let db = dir.path().join("store.sqlite");
@@ -43,8 +56,7 @@ fn run(trace: &Path) -> Result<Option<String>, String> {
         .first()
         .ok_or_else(|| format!("{}: no trace imported", trace.display()))?
         .clone();
-    let detector =
-        detect::Detector::new(&db, detect::Config::default(), false).map_err(|e| e.to_string())?;
+    let detector = detect::Detector::new(&db, config(), false).map_err(|e| e.to_string())?;
     let policy = detect::policies::KeywordPolicy::new()?;
     let transcript = detector
         .investigate(&trace_id, Box::new(policy))
