@@ -73,6 +73,13 @@ pub enum CorpusError {
     },
     #[error("{0}")]
     Plan(String),
+    #[error("{path}: Parquet export, {what}")]
+    Parquet {
+        path: PathBuf,
+        what: String,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CorpusError + '_ {

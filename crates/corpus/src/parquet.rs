@@ -15,167 +15,186 @@ use parquet::schema::parser::parse_message_type;
 
 use crate::generate::{CorpusError, Record};
 
-/// The file schema, in the order the columns are written below.
-pub const SCHEMA: &str = "message corpus_record {
-    required binary split (STRING);
-    required binary trace_id (STRING);
-    required binary episode (STRING);
-    required binary agent (STRING);
-    required binary task (STRING);
-    required binary deficiency (STRING);
-    required binary variant (STRING);
-    required binary strategy (STRING);
-    required binary template (STRING);
-    required int64 seed;
-    required binary diff (STRING);
-    optional binary file (STRING);
-    optional binary function (STRING);
-    optional int64 line_start;
-    optional int64 line_end;
-    optional binary component (STRING);
-    optional binary commit (STRING);
-    optional binary trace (STRING);
-    optional boolean keyword_names_it;
-    required binary validation_json (STRING);
-    required binary clean_json (STRING);
-    optional binary injected_json (STRING);
-}";
-
-/// One column's values: required or optional (`None` is a null).
-enum Column {
-    Text(Vec<Option<String>>),
-    Int(Vec<Option<i64>>),
-    Bool(Vec<Option<bool>>),
+/// How a column reads its value from a record; `None` is a null.
+enum Get {
+    Text(fn(&Record) -> Option<String>),
+    Int(fn(&Record) -> Option<i64>),
+    Bool(fn(&Record) -> Option<bool>),
 }
 
-fn text(records: &[&Record], f: impl Fn(&Record) -> Option<String>) -> Column {
-    Column::Text(records.iter().map(|r| f(r)).collect())
+/// One column: its name, whether it may hold nulls, and its value.
+struct Column {
+    name: &'static str,
+    optional: bool,
+    get: Get,
+}
+
+const fn required(name: &'static str, get: Get) -> Column {
+    Column {
+        name,
+        optional: false,
+        get,
+    }
+}
+
+const fn optional(name: &'static str, get: Get) -> Column {
+    Column {
+        name,
+        optional: true,
+        get,
+    }
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("a manifest part serialises")
 }
 
-fn columns(records: &[&Record]) -> Vec<Column> {
-    let loc = |r: &Record| r.manifest.location.clone();
-    vec![
-        text(records, |r| Some(r.split.clone())),
-        text(records, |r| Some(r.trace_id.clone())),
-        text(records, |r| Some(r.manifest.id.clone())),
-        text(records, |r| Some(r.manifest.agent.clone())),
-        text(records, |r| Some(r.manifest.task.clone())),
-        text(records, |r| Some(r.manifest.deficiency.clone())),
-        text(records, |r| Some(r.manifest.variant.clone())),
-        text(records, |r| Some(r.manifest.strategy.clone())),
-        text(records, |r| Some(r.manifest.template.clone())),
-        Column::Int(
-            records
-                .iter()
-                .map(|r| Some(r.manifest.seed as i64))
-                .collect(),
-        ),
-        text(records, |r| Some(r.manifest.diff.clone())),
-        text(records, |r| loc(r).map(|l| l.file)),
-        text(records, |r| loc(r).and_then(|l| l.function)),
-        Column::Int(
-            records
-                .iter()
-                .map(|r| loc(r).map(|l| l.line_start as i64))
-                .collect(),
-        ),
-        Column::Int(
-            records
-                .iter()
-                .map(|r| loc(r).map(|l| l.line_end as i64))
-                .collect(),
-        ),
-        text(records, |r| loc(r).and_then(|l| l.component)),
-        text(records, |r| r.manifest.commit.clone()),
-        text(records, |r| r.manifest.trace.clone()),
-        Column::Bool(
-            records
-                .iter()
-                .map(|r| {
-                    r.manifest
-                        .validation
-                        .non_trivial
-                        .as_ref()
-                        .and_then(|n| n.keyword_names_it)
-                })
-                .collect(),
-        ),
-        text(records, |r| Some(json(&r.manifest.validation))),
-        text(records, |r| Some(json(&r.manifest.clean))),
-        text(records, |r| r.manifest.injected.as_ref().map(json)),
-    ]
+/// The columns, in file order: the schema and the writer both read this one list.
+const COLUMNS: &[Column] = &[
+    required("split", Get::Text(|r| Some(r.split.clone()))),
+    required("trace_id", Get::Text(|r| Some(r.trace_id.clone()))),
+    required("episode", Get::Text(|r| Some(r.manifest.id.clone()))),
+    required("agent", Get::Text(|r| Some(r.manifest.agent.clone()))),
+    required("task", Get::Text(|r| Some(r.manifest.task.clone()))),
+    required(
+        "deficiency",
+        Get::Text(|r| Some(r.manifest.deficiency.clone())),
+    ),
+    required("variant", Get::Text(|r| Some(r.manifest.variant.clone()))),
+    required("strategy", Get::Text(|r| Some(r.manifest.strategy.clone()))),
+    required("template", Get::Text(|r| Some(r.manifest.template.clone()))),
+    required("seed", Get::Int(|r| Some(r.manifest.seed as i64))),
+    required("diff", Get::Text(|r| Some(r.manifest.diff.clone()))),
+    optional(
+        "file",
+        Get::Text(|r| r.manifest.location.as_ref().map(|l| l.file.clone())),
+    ),
+    optional(
+        "function",
+        Get::Text(|r| r.manifest.location.as_ref()?.function.clone()),
+    ),
+    optional(
+        "line_start",
+        Get::Int(|r| r.manifest.location.as_ref().map(|l| l.line_start as i64)),
+    ),
+    optional(
+        "line_end",
+        Get::Int(|r| r.manifest.location.as_ref().map(|l| l.line_end as i64)),
+    ),
+    optional(
+        "component",
+        Get::Text(|r| r.manifest.location.as_ref()?.component.clone()),
+    ),
+    optional("commit", Get::Text(|r| r.manifest.commit.clone())),
+    optional("trace", Get::Text(|r| r.manifest.trace.clone())),
+    optional(
+        "keyword_names_it",
+        Get::Bool(|r| r.manifest.validation.non_trivial.as_ref()?.keyword_names_it),
+    ),
+    required(
+        "validation_json",
+        Get::Text(|r| Some(json(&r.manifest.validation))),
+    ),
+    required("clean_json", Get::Text(|r| Some(json(&r.manifest.clean)))),
+    optional(
+        "injected_json",
+        Get::Text(|r| r.manifest.injected.as_ref().map(json)),
+    ),
+];
+
+/// The file schema in Parquet's message-type syntax, built from [`COLUMNS`].
+pub fn schema() -> String {
+    let fields: String = COLUMNS
+        .iter()
+        .map(|c| {
+            let repetition = if c.optional { "optional" } else { "required" };
+            let physical = match c.get {
+                Get::Text(_) => "binary",
+                Get::Int(_) => "int64",
+                Get::Bool(_) => "boolean",
+            };
+            let logical = if matches!(c.get, Get::Text(_)) {
+                " (STRING)"
+            } else {
+                ""
+            };
+            format!("    {repetition} {physical} {}{logical};\n", c.name)
+        })
+        .collect();
+    format!("message corpus_record {{\n{fields}}}")
 }
 
-/// Non-null values and the definition levels (1 = present, 0 = null) of an optional column.
-fn levels<T: Clone>(values: &[Option<T>]) -> (Vec<T>, Vec<i16>) {
-    let present = values.iter().flatten().cloned().collect();
-    let defs = values.iter().map(|v| i16::from(v.is_some())).collect();
-    (present, defs)
+/// One column's values for `records`: the non-null values, and the definition levels
+/// (1 = present, 0 = null) when the column is optional.
+fn values<T>(
+    column: &Column,
+    records: &[&Record],
+    get: fn(&Record) -> Option<T>,
+) -> (Vec<T>, Option<Vec<i16>>) {
+    let all: Vec<Option<T>> = records.iter().map(|r| get(r)).collect();
+    let defs = column
+        .optional
+        .then(|| all.iter().map(|v| i16::from(v.is_some())).collect());
+    debug_assert!(column.optional || all.iter().all(Option::is_some));
+    (all.into_iter().flatten().collect(), defs)
 }
 
 /// Writes `records` to `path` as Parquet, through a temporary file and a rename so that a
 /// reader never sees half a file.
 pub fn write(path: &Path, records: &[&Record]) -> Result<(), CorpusError> {
-    let fail = |what: &str, e: parquet::errors::ParquetError| {
-        CorpusError::Plan(format!("{}: {what}: {e}", path.display()))
+    let fail = |what: String| {
+        move |source| CorpusError::Parquet {
+            path: path.to_owned(),
+            what,
+            source,
+        }
     };
-    let schema = Arc::new(parse_message_type(SCHEMA).expect("the corpus schema parses"));
+    let schema = Arc::new(parse_message_type(&schema()).expect("the corpus schema parses"));
     let tmp = path.with_extension("partial");
     let file = std::fs::File::create(&tmp).map_err(|source| CorpusError::Io {
         path: tmp.clone(),
         source,
     })?;
     let props = Arc::new(WriterProperties::builder().build());
-    let mut writer = SerializedFileWriter::new(file, schema.clone(), props)
-        .map_err(|e| fail("opening the writer", e))?;
+    let mut writer = SerializedFileWriter::new(file, schema, props)
+        .map_err(fail("opening the writer".into()))?;
     let mut group = writer
         .next_row_group()
-        .map_err(|e| fail("starting the row group", e))?;
-    let mut columns = columns(records).into_iter();
-    let fields = schema.get_fields();
-    let mut index = 0;
-    while let Some(mut out) = group
-        .next_column()
-        .map_err(|e| fail("starting a column", e))?
-    {
-        let column = columns.next().expect("one column per schema field");
-        let optional = fields[index].is_optional();
-        let name = fields[index].name().to_owned();
-        let defs_for = |defs: Vec<i16>| optional.then_some(defs);
-        let written = match column {
-            Column::Text(values) => {
-                let (present, defs) = levels(&values);
+        .map_err(fail("starting the row group".into()))?;
+    for column in COLUMNS {
+        let mut out = group
+            .next_column()
+            .map_err(fail(format!("starting column {}", column.name)))?
+            .expect("the schema has a field per column");
+        let written = match column.get {
+            Get::Text(get) => {
+                let (present, defs) = values(column, records, get);
                 let present: Vec<ByteArray> = present
                     .into_iter()
                     .map(|s| ByteArray::from(s.into_bytes()))
                     .collect();
                 out.typed::<ByteArrayType>()
-                    .write_batch(&present, defs_for(defs).as_deref(), None)
+                    .write_batch(&present, defs.as_deref(), None)
             }
-            Column::Int(values) => {
-                let (present, defs) = levels(&values);
+            Get::Int(get) => {
+                let (present, defs) = values(column, records, get);
                 out.typed::<Int64Type>()
-                    .write_batch(&present, defs_for(defs).as_deref(), None)
+                    .write_batch(&present, defs.as_deref(), None)
             }
-            Column::Bool(values) => {
-                let (present, defs) = levels(&values);
+            Get::Bool(get) => {
+                let (present, defs) = values(column, records, get);
                 out.typed::<BoolType>()
-                    .write_batch(&present, defs_for(defs).as_deref(), None)
+                    .write_batch(&present, defs.as_deref(), None)
             }
         };
-        written.map_err(|e| fail(&format!("writing column {name}"), e))?;
+        written.map_err(fail(format!("writing column {}", column.name)))?;
         out.close()
-            .map_err(|e| fail(&format!("closing column {name}"), e))?;
-        index += 1;
+            .map_err(fail(format!("closing column {}", column.name)))?;
     }
     group
         .close()
-        .map_err(|e| fail("closing the row group", e))?;
-    writer.close().map_err(|e| fail("closing the file", e))?;
+        .map_err(fail("closing the row group".into()))?;
+    writer.close().map_err(fail("closing the file".into()))?;
     std::fs::rename(&tmp, path).map_err(|source| CorpusError::Io {
         path: path.to_owned(),
         source,
@@ -277,7 +296,7 @@ mod tests {
         };
         let back: Validation = serde_json::from_str(&v).unwrap();
         assert_eq!(back, b.manifest.validation);
-        assert_eq!(rows[0].len(), SCHEMA.matches(';').count());
+        assert_eq!(rows[0].len(), schema().matches(';').count());
     }
 
     #[test]

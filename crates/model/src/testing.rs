@@ -221,9 +221,8 @@ pub fn write_tiny_gguf(path: &Path, context: usize, seed: u64) -> Result<()> {
 }
 
 /// The real SmolLM2-135M-Instruct GGUF for tests that need real weights: `$PATHFINDER_SMOLLM2_GGUF`
-/// when set, else the model cache (`pathfinder model fetch smollm2-135m`). When the file is
-/// missing it panics under CI (`CI=true` or `CI=1`), where `.ci/test` fetches it first, and
-/// otherwise prints why and returns `None`, so that the caller skips.
+/// when set, else the model cache (`pathfinder model fetch smollm2-135m`); see
+/// [`missing_weights`] for a missing file.
 pub fn smollm2_weights() -> Option<std::path::PathBuf> {
     let path = match std::env::var_os("PATHFINDER_SMOLLM2_GGUF") {
         Some(p) => std::path::PathBuf::from(p),
@@ -235,10 +234,16 @@ pub fn smollm2_weights() -> Option<std::path::PathBuf> {
     if path.exists() {
         return Some(path);
     }
-    let msg = format!(
+    missing_weights(&format!(
         "SmolLM2 weights not found at {} (run `pathfinder model fetch smollm2-135m` or set PATHFINDER_SMOLLM2_GGUF)",
         path.display()
-    );
+    ))
+}
+
+/// What a real-weights test does when its weights are missing: under CI (`CI=true` or `CI=1`),
+/// where `.ci/test` fetches them first, it panics with `msg`; elsewhere it prints why and
+/// returns `None`, so that the caller skips.
+pub fn missing_weights<T>(msg: &str) -> Option<T> {
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("{msg}");
     }
