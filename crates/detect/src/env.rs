@@ -191,7 +191,8 @@ impl Investigation {
         } else {
             Sandbox::new(episode_dir.path(), config.sandbox).map_err(|e| e.to_string())
         };
-        if let Err(reason) = &sandbox {
+        // An ablation is asked for; only a sandbox that cannot start deserves a warning.
+        if let (Err(reason), false) = (&sandbox, config.ablations.no_shell) {
             tracing::warn!("bash tool unavailable: {reason}");
         }
         let history_shared = shared_history.is_some();
