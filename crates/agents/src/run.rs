@@ -149,6 +149,16 @@ pub struct AgentCommand {
     pub cwd: PathBuf,
 }
 
+/// A tag unique to one agent run in this process's lifetime, sent in the script key
+/// (`NAME/TASK@TAG`) so that the scripted server counts a step's provider faults per run: the
+/// clean and the injected run of a task each meet the same transient failures. It reaches no
+/// trace.
+fn run_tag() -> String {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:x}-{n}", std::process::id())
+}
+
 /// Variables passed through from the runner's environment when set.
 const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR"];
 
@@ -177,7 +187,7 @@ impl AgentCommand {
                 ("PATHFINDER_CORPUS".into(), path(inputs.corpus)),
                 (
                     "PATHFINDER_SCRIPT".into(),
-                    format!("{}/{}", inputs.agent, inputs.task_id),
+                    format!("{}/{}@{}", inputs.agent, inputs.task_id, run_tag()),
                 ),
                 // Reproducibility: fixed hash order.
                 ("PYTHONHASHSEED".into(), "0".into()),
@@ -564,7 +574,7 @@ mod tests {
             ]
         );
         let env: std::collections::HashMap<_, _> = cmd.env.iter().cloned().collect();
-        assert_eq!(env["PATHFINDER_SCRIPT"], "toolcaller/gaia-001");
+        assert!(env["PATHFINDER_SCRIPT"].starts_with("toolcaller/gaia-001@"));
         assert_eq!(env["PATHFINDER_LLM_URL"], "unix:/tmp/s.sock");
         assert_eq!(env["PATHFINDER_CORPUS"], "/a/tasks/corpus");
         assert!(cmd

@@ -240,6 +240,19 @@ impl ChatRequest {
     }
 
     /// The number of assistant messages already in the prompt: the script step to play.
+    /// What the prompt says after the model's last reply: the tool results, or the
+    /// observation a text-command agent sends as a user message, joined by newlines. `None`
+    /// before the model's first reply.
+    pub fn last_observation(&self) -> Option<String> {
+        let last_reply = self.messages.iter().rposition(|m| m.role == "assistant")?;
+        let texts: Vec<String> = self.messages[last_reply + 1..]
+            .iter()
+            .filter(|m| m.role == "tool" || m.role == "user")
+            .map(Message::text)
+            .collect();
+        Some(texts.join("\n"))
+    }
+
     pub fn assistant_turns(&self) -> usize {
         self.messages
             .iter()
@@ -295,6 +308,8 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     /// Seeds the surface variation of the rendering (chunk lengths, keep-alives).
     pub variation_seed: u64,
+    /// A streamed rendering breaks off halfway: no finish reason, no usage, no `[DONE]`.
+    pub cut_stream: bool,
 }
 
 /// Token usage as the server counted it (see [`crate::tokenizer`]).

@@ -96,6 +96,7 @@ mod tests {
                 FinishReason::Stop
             },
             variation_seed: 0,
+            cut_stream: false,
         }
     }
 

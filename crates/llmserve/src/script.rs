@@ -40,12 +40,15 @@ pub enum ScriptError {
     },
 }
 
-/// `NAME/TASK_ID/CONVERSATION`, each part a safe file-name component.
+/// `NAME/TASK_ID/CONVERSATION`, each part a safe file-name component. The task part may carry
+/// `@RUN`, a tag the runner gives each agent run so that a [`Fault`]'s attempts are counted per
+/// run; the tag changes nothing else (the reply's surface is seeded without it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ScriptKey {
     pub agent: String,
     pub task: String,
     pub conversation: String,
+    pub run: Option<String>,
 }
 
 impl ScriptKey {
@@ -58,7 +61,11 @@ impl ScriptKey {
         if parts.len() != 3 {
             return Err(bad("it must have exactly three '/'-separated parts"));
         }
-        for part in &parts {
+        let (task, run) = match parts[1].split_once('@') {
+            Some((task, run)) => (task, Some(run)),
+            None => (parts[1], None),
+        };
+        for part in [parts[0], task, parts[2]].iter().chain(run.as_ref()) {
             let safe = !part.is_empty()
                 && !part.starts_with('.')
                 && part
@@ -70,12 +77,13 @@ impl ScriptKey {
         }
         Ok(ScriptKey {
             agent: parts[0].to_owned(),
-            task: parts[1].to_owned(),
+            task: task.to_owned(),
             conversation: parts[2].to_owned(),
+            run: run.map(str::to_owned),
         })
     }
 
-    /// The key as sent in the header.
+    /// The key without its run tag, as a header would send it.
     pub fn as_header(&self) -> String {
         format!("{}/{}/{}", self.agent, self.task, self.conversation)
     }
@@ -110,6 +118,59 @@ pub struct Step {
     /// A note for humans reading the script; never sent.
     #[serde(default)]
     pub comment: Option<String>,
+    /// How the model reacts to what its last tool call returned (see [`Reaction`]).
+    #[serde(default)]
+    pub unless_observation_mentions: Option<Reaction>,
+    /// A transient provider failure on this step (see [`Fault`]).
+    #[serde(default)]
+    pub provider_fault: Option<Fault>,
+}
+
+/// A provider failure the first `attempts` requests for a step meet, as real APIs fail now
+/// and then: an HTTP error status (429 rate limit, 5xx), or a stream that breaks off before
+/// its finish reason and `[DONE]` (`cut_stream`, streamed requests only). A clean agent
+/// retries or falls back and goes on; an agent whose retries or fallbacks were injected away
+/// does not. Attempts are counted per run (the key's `@RUN` tag) and step.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    #[serde(default = "one")]
+    pub attempts: u32,
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub cut_stream: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A step's alternative for when the latest observation does not say what the model needs to
+/// go on: a model told only "read_file failed" cannot correct the path it got wrong, so it
+/// repeats the call, while one told "harrowmere/lighthose.md not found" fixes the typo. This is
+/// what makes a deficiency in error reporting (C15) change a scripted run at all.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reaction {
+    /// Texts any one of which, in the observation since the model's last reply (see
+    /// [`crate::api::ChatRequest::last_observation`]), lets the step play as written.
+    pub any_of: Vec<String>,
+    /// The step played otherwise; it may not react in turn.
+    pub play: Box<Step>,
+}
+
+impl Step {
+    /// The step to play given what the prompt says after the model's last reply (`None`
+    /// before its first reply).
+    pub fn react(&self, last_observation: Option<&str>) -> &Step {
+        match (&self.unless_observation_mentions, last_observation) {
+            (Some(r), Some(text)) if !r.any_of.iter().any(|needle| text.contains(needle)) => {
+                &r.play
+            }
+            _ => self,
+        }
+    }
 }
 
 /// A parsed script file.
@@ -145,6 +206,45 @@ impl Script {
                     return Err(invalid(format!(
                         "field `{at}`: a step needs `content` or `tool_calls`"
                     )));
+                }
+                if let Some(fault) = &step.provider_fault {
+                    let at = format!("{at}.provider_fault");
+                    let problem = match (fault.status, fault.cut_stream) {
+                        (Some(429 | 500..=599), false) | (None, true) => None,
+                        (Some(status), false) => Some(format!(
+                            "field `{at}.status`: {status} is not a transient failure (429 or 5xx)"
+                        )),
+                        _ => Some(format!(
+                            "field `{at}`: give exactly one of `status` and `cut_stream`"
+                        )),
+                    };
+                    if let Some(problem) = problem {
+                        return Err(invalid(problem));
+                    }
+                    if fault.attempts == 0 {
+                        return Err(invalid(format!(
+                            "field `{at}.attempts`: must be at least 1"
+                        )));
+                    }
+                }
+                if let Some(reaction) = &step.unless_observation_mentions {
+                    let at = format!("{at}.unless_observation_mentions");
+                    if reaction.any_of.iter().all(|t| t.is_empty()) {
+                        return Err(invalid(format!(
+                            "field `{at}.any_of`: needs at least one non-empty text"
+                        )));
+                    }
+                    let play = &reaction.play;
+                    if play.unless_observation_mentions.is_some() || play.provider_fault.is_some() {
+                        return Err(invalid(format!(
+                            "field `{at}.play`: a reaction's step may not react or fail in turn"
+                        )));
+                    }
+                    if play.content.is_none() && play.tool_calls.is_empty() {
+                        return Err(invalid(format!(
+                            "field `{at}.play`: a step needs `content` or `tool_calls`"
+                        )));
+                    }
                 }
                 for (j, call) in step.tool_calls.iter().enumerate() {
                     if call.name.is_empty() {
@@ -317,6 +417,66 @@ mod tests {
         let conv = ScriptKey::parse("toolcaller/gaia-001/planner").unwrap();
         let err = store.lookup(&conv, 0).unwrap_err().to_string();
         assert!(err.contains("planner") && err.contains("main"), "{err}");
+    }
+
+    #[test]
+    fn keys_carry_an_optional_run_tag_outside_the_header() {
+        let key = ScriptKey::parse("toolcaller/gaia-001@3f2a-7/main").unwrap();
+        assert_eq!(key.task, "gaia-001");
+        assert_eq!(key.run.as_deref(), Some("3f2a-7"));
+        assert_eq!(key.as_header(), "toolcaller/gaia-001/main");
+        assert!(ScriptKey::parse("toolcaller/gaia-001@/main").is_err());
+        assert!(ScriptKey::parse("toolcaller/gaia-001@a b/main").is_err());
+    }
+
+    #[test]
+    fn a_step_reacts_to_what_the_last_observation_says() {
+        let script = Script::parse(
+            Path::new("s.json"),
+            r#"{"agent":"a","task":"t","conversations":{"main":[
+              {"content": "fixed", "unless_observation_mentions":
+                {"any_of": ["lighthose.md"], "play": {"content": "retried"}}}]}}"#,
+        )
+        .unwrap();
+        let step = &script.step("main").unwrap()[0];
+        let told = "Error: no such file 'harrowmere/lighthose.md'";
+        assert_eq!(step.react(Some(told)).content.as_deref(), Some("fixed"));
+        let untold = "Error: read_file failed";
+        assert_eq!(step.react(Some(untold)).content.as_deref(), Some("retried"));
+        assert_eq!(step.react(None).content.as_deref(), Some("fixed"));
+    }
+
+    #[test]
+    fn reactions_and_faults_are_checked() {
+        let p = Path::new("s.json");
+        let parse = |step: &str| {
+            Script::parse(
+                p,
+                &format!(r#"{{"agent":"a","task":"t","conversations":{{"main":[{step}]}}}}"#),
+            )
+        };
+        let err = |step: &str| parse(step).unwrap_err().to_string();
+        assert!(err(r#"{"content":"x","provider_fault":{"status":404}}"#)
+            .contains("conversations.main[0].provider_fault.status"));
+        assert!(
+            err(r#"{"content":"x","provider_fault":{"status":503,"cut_stream":true}}"#)
+                .contains("exactly one")
+        );
+        assert!(
+            err(r#"{"content":"x","provider_fault":{"status":503,"attempts":0}}"#)
+                .contains("attempts")
+        );
+        assert!(err(r#"{"content":"x","unless_observation_mentions":{"any_of":[""],"play":{"content":"y"}}}"#)
+            .contains("any_of"));
+        assert!(err(r#"{"content":"x","unless_observation_mentions":{"any_of":["a"],"play":{"content":"y","provider_fault":{"status":503}}}}"#)
+            .contains("play"));
+        let ok =
+            parse(r#"{"content":"x","provider_fault":{"cut_stream":true,"attempts":2}}"#).unwrap();
+        let fault = ok.step("main").unwrap()[0].provider_fault.clone().unwrap();
+        assert_eq!(
+            (fault.attempts, fault.status, fault.cut_stream),
+            (2, None, true)
+        );
     }
 
     #[test]

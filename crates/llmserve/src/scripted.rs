@@ -6,23 +6,46 @@
 //! wrapped in a Markdown fence, tool-call ids differ, and (in [`crate::sse`]) chunk lengths and
 //! keep-alive comments vary.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use serde_json::Value;
 
 use crate::api::{ApiError, ChatRequest, Completion, FinishReason, ToolCallOut};
 use crate::backend::{Backend, RequestContext};
 use crate::rng::{variation_seed, SplitMix64};
-use crate::script::{ScriptError, ScriptKey, ScriptStore};
+use crate::script::{Fault, ScriptError, ScriptKey, ScriptStore};
 use crate::SCRIPTED_MODEL;
 
 /// Plays scripts from a [`ScriptStore`].
 #[derive(Debug)]
 pub struct ScriptedBackend {
     store: ScriptStore,
+    /// Requests that met a step's [`crate::script::Fault`] so far, by run, conversation and step.
+    faulted: Mutex<HashMap<(ScriptKey, usize), u32>>,
 }
 
 impl ScriptedBackend {
     pub fn new(store: ScriptStore) -> ScriptedBackend {
-        ScriptedBackend { store }
+        ScriptedBackend {
+            store,
+            faulted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether this request meets its step's fault: the first `attempts` requests of a run
+    /// for the step do (for `cut_stream`, only streamed requests count).
+    fn meets_fault(&self, key: &ScriptKey, turn: usize, fault: &Fault, streaming: bool) -> bool {
+        if fault.cut_stream && !streaming {
+            return false;
+        }
+        let mut faulted = self.faulted.lock().expect("fault counter poisoned");
+        let seen = faulted.entry((key.clone(), turn)).or_insert(0);
+        if *seen >= fault.attempts {
+            return false;
+        }
+        *seen += 1;
+        true
     }
 
     pub fn store(&self) -> &ScriptStore {
@@ -86,6 +109,29 @@ impl Backend for ScriptedBackend {
         let key = ScriptKey::parse(header).map_err(script_error)?;
         let turn = request.assistant_turns();
         let step = self.store.lookup(&key, turn).map_err(script_error)?;
+        let step = step.react(request.last_observation().as_deref());
+        let fault = step
+            .provider_fault
+            .as_ref()
+            .filter(|f| self.meets_fault(&key, turn, f, request.streaming()));
+        if let Some(Fault {
+            status: Some(status),
+            ..
+        }) = fault
+        {
+            let mut err = ApiError::server(
+                *status,
+                match status {
+                    429 => "Rate limit reached for requests. Please try again shortly.",
+                    _ => "The server had an error while processing your request. Please retry.",
+                },
+            );
+            if *status == 429 {
+                err.kind = "rate_limit_error";
+                err.code = Some("rate_limit_exceeded".into());
+            }
+            return Err(err);
+        }
         let mut rng = SplitMix64::new(variation_seed(
             request.seed.unwrap_or(0),
             &key.as_header(),
@@ -120,6 +166,7 @@ impl Backend for ScriptedBackend {
             tool_calls,
             finish_reason,
             variation_seed: rng.next_u64(),
+            cut_stream: fault.is_some_and(|f| f.cut_stream),
         })
     }
 }

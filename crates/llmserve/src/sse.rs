@@ -79,6 +79,11 @@ pub fn events(meta: &ResponseMeta, completion: &Completion, usage: Option<Usage>
             ));
         }
     }
+    if completion.cut_stream {
+        // The connection drops halfway through the reply: what arrived is all there is.
+        data.truncate(data.len().div_ceil(2));
+        return data.iter().map(event).collect();
+    }
     data.push(chunk(json!({}), Some(completion.finish_reason.as_str())));
     if let Some(usage) = usage {
         data.push(json!({
@@ -187,6 +192,7 @@ mod tests {
                 tool_calls: vec![],
                 finish_reason: FinishReason::Stop,
                 variation_seed: seed,
+                cut_stream: false,
             };
             let (content, calls, finish, usage) = reassemble(&events(&meta(), &c, None));
             assert_eq!(content, c.content.clone().unwrap());
@@ -214,6 +220,7 @@ mod tests {
             ],
             finish_reason: FinishReason::ToolCalls,
             variation_seed: 5,
+            cut_stream: false,
         };
         let usage = Usage {
             prompt_tokens: 10,
@@ -248,6 +255,7 @@ mod tests {
             tool_calls: vec![],
             finish_reason: FinishReason::Stop,
             variation_seed: 77,
+            cut_stream: false,
         };
         assert_eq!(events(&meta(), &c, None), events(&meta(), &c, None));
         let mut other = c.clone();

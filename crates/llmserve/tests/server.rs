@@ -294,3 +294,81 @@ fn models_and_health() {
         "scripted"
     );
 }
+
+const FAULTY: &str = r#"{
+  "agent": "toolcaller", "task": "gaia-002",
+  "conversations": {"main": [
+    {"content": "first", "provider_fault": {"status": 503, "attempts": 2}},
+    {"content": "second", "provider_fault": {"cut_stream": true}}
+  ]}
+}"#;
+
+#[test]
+fn provider_faults_are_met_by_the_first_attempts_of_each_run() {
+    let dir = scripts();
+    std::fs::write(dir.path().join("toolcaller/gaia-002.json"), FAULTY).unwrap();
+    let server = start(Listen::loopback(0), dir.path());
+    let first = json!({"model": "m", "messages": [{"role": "user", "content": "Go"}]});
+    let status = |key: &str| chat(server.url(), &first, Some(key)).0;
+    // Two failing attempts, then the step plays; a second run meets the fault afresh.
+    for run in ["toolcaller/gaia-002@r1/main", "toolcaller/gaia-002@r2/main"] {
+        assert_eq!(status(run), 503);
+        assert_eq!(status(run), 503);
+        assert_eq!(status(run), 200);
+        assert_eq!(status(run), 200);
+    }
+    let (_, _, body) = chat(server.url(), &first, Some("toolcaller/gaia-002@r3/main"));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["type"], "server_error");
+
+    // `cut_stream` breaks a streamed reply once (no finish reason, no [DONE]); a
+    // non-streamed request for the same step is served whole and does not count.
+    let second = |stream: bool| {
+        json!({"model": "m", "stream": stream, "messages": [
+            {"role": "user", "content": "Go"}, {"role": "assistant", "content": "first"},
+            {"role": "user", "content": "Again"}]})
+    };
+    let key = Some("toolcaller/gaia-002@r4/main");
+    let (status, _, body) = chat(server.url(), &second(false), key);
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "second");
+    let (_, _, cut) = chat(server.url(), &second(true), key);
+    let cut = String::from_utf8(cut).unwrap();
+    assert!(
+        !cut.contains("[DONE]") && !cut.contains("finish_reason\":\"stop"),
+        "{cut}"
+    );
+    let (_, _, whole) = chat(server.url(), &second(true), key);
+    let whole = String::from_utf8(whole).unwrap();
+    assert!(whole.trim_end().ends_with("data: [DONE]"), "{whole}");
+}
+
+#[test]
+fn a_step_plays_its_reaction_when_the_error_does_not_say_what_went_wrong() {
+    let dir = scripts();
+    std::fs::write(
+        dir.path().join("toolcaller/gaia-003.json"),
+        r#"{"agent": "toolcaller", "task": "gaia-003", "conversations": {"main": [
+            {"content": null, "tool_calls": [{"name": "search", "arguments": {"query": "towr"}}]},
+            {"content": "corrected", "unless_observation_mentions":
+              {"any_of": ["towr"], "play": {"content": "blind retry"}}}]}}"#,
+    )
+    .unwrap();
+    let server = start(Listen::loopback(0), dir.path());
+    let after = |error: &str| {
+        let req = json!({"model": "m", "tools": tools(), "messages": [
+            {"role": "user", "content": "How tall?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "search", "arguments": "{\"query\": \"towr\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": error}]});
+        let (_, _, body) = chat(server.url(), &req, Some("toolcaller/gaia-003/main"));
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(after("Error: no document matches 'towr'"), "corrected");
+    assert_eq!(after("Error: search failed"), "blind retry");
+}
