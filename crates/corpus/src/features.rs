@@ -34,6 +34,11 @@ pub struct TraceFeatures {
     /// Per tool call: `gen_ai.tool.call.arguments` (the model's text, so stable per script).
     #[serde(default)]
     pub tool_arguments: Vec<String>,
+    /// Spans by name: hooks, callbacks and reporters leave spans of their own, and a
+    /// deficiency that loses them (P23) shows as names that vanish while LLM and tool spans go
+    /// on. Stable from run to run: the agents emit spans deterministically for a script.
+    #[serde(default)]
+    pub span_names: BTreeMap<String, usize>,
 }
 
 impl TraceFeatures {
@@ -68,6 +73,7 @@ impl TraceFeatures {
             let attrs = span.get("attributes").cloned().unwrap_or(Value::Null);
             let attr = |k: &str| attrs.get(k);
             let name = span.get("name").and_then(Value::as_str).unwrap_or("");
+            *f.span_names.entry(name.to_owned()).or_insert(0) += 1;
             if let Some(step) = attr("pathfinder.step_index").and_then(Value::as_i64) {
                 steps.insert(step);
             }
@@ -157,6 +163,9 @@ pub struct FeatureDiff {
     pub requests_changed: bool,
     #[serde(default)]
     pub tool_arguments_changed: bool,
+    /// Span names whose count changed, with (clean, injected) counts.
+    #[serde(default)]
+    pub span_names: BTreeMap<String, (usize, usize)>,
 }
 
 impl FeatureDiff {
@@ -168,7 +177,16 @@ impl FeatureDiff {
                 errors.insert(kind.clone(), (before, *n));
             }
         }
+        let mut span_names = BTreeMap::new();
+        for name in clean.span_names.keys().chain(injected.span_names.keys()) {
+            let before = clean.span_names.get(name).copied().unwrap_or(0);
+            let after = injected.span_names.get(name).copied().unwrap_or(0);
+            if before != after {
+                span_names.insert(name.clone(), (before, after));
+            }
+        }
         FeatureDiff {
+            span_names,
             errors,
             tool_calls_changed: clean.tool_calls != injected.tool_calls,
             llm_calls: (clean.llm_calls, injected.llm_calls),
@@ -217,6 +235,9 @@ impl FeatureDiff {
         }
         if self.tool_arguments_changed {
             out.push("tool_arguments");
+        }
+        if !self.span_names.is_empty() {
+            out.push("spans");
         }
         out
     }
@@ -268,8 +289,10 @@ mod tests {
                 "turns",
                 "outcome",
                 "answer",
-                "tool_arguments"
+                "tool_arguments",
+                "spans"
             ]
         );
+        assert_eq!(d.span_names.get("tool"), Some(&(1, 0)));
     }
 }
