@@ -1,0 +1,1 @@
+"""Unit conversions for the weather station's reports."""
