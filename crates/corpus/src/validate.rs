@@ -107,7 +107,13 @@ pub fn judge(
     applied_detail: String,
 ) -> Validation {
     // "Immediate" crash: the agent died before its first model call.
-    let runs = if manifestation == Manifestation::Crash {
+    let runs = if clean.timed_out {
+        // Nothing to compare with: a clean run cut off by the clock is not the task's baseline.
+        Check::fail(format!(
+            "the clean run of this task and seed {}, so there is no baseline to compare with",
+            clean.end
+        ))
+    } else if manifestation == Manifestation::Crash {
         Check::pass(format!("crash-inducing type; the agent {}", injected.end))
     } else if !injected.exit_ok && injected.features.llm_calls == 0 && !injected.timed_out {
         Check::fail(format!(
@@ -246,6 +252,14 @@ mod tests {
         assert_eq!(v.failure(), Some("runs"));
         let v = judge(Manifestation::Crash, &clean, &early_crash, "ok".into());
         assert!(v.valid, "{v:?}");
+
+        let mut cut_off = facts("completed", 1, false);
+        cut_off.timed_out = true;
+        cut_off.end = "ran past its time limit".into();
+        let changed = facts("failed", 2, true);
+        let v = judge(Manifestation::Silent, &cut_off, &changed, "ok".into());
+        assert_eq!(v.failure(), Some("runs"));
+        assert!(v.runs.unwrap().detail.contains("no baseline"));
 
         let mut no_spans = facts("missing", 1, true);
         no_spans.spans = 0;
