@@ -162,11 +162,14 @@ pub struct Reaction {
 
 impl Step {
     /// The step to play given what the prompt says after the model's last reply (`None`
-    /// before its first reply).
-    pub fn react(&self, last_observation: Option<&str>) -> &Step {
-        match (&self.unless_observation_mentions, last_observation) {
-            (Some(r), Some(text)) if !r.any_of.iter().any(|needle| text.contains(needle)) => {
-                &r.play
+    /// before its first reply); `last_observation` is only called for a step that reacts.
+    pub fn react(&self, last_observation: impl FnOnce() -> Option<String>) -> &Step {
+        let Some(reaction) = &self.unless_observation_mentions else {
+            return self;
+        };
+        match last_observation() {
+            Some(text) if !reaction.any_of.iter().any(|needle| text.contains(needle)) => {
+                &reaction.play
             }
             _ => self,
         }
@@ -440,10 +443,14 @@ mod tests {
         .unwrap();
         let step = &script.step("main").unwrap()[0];
         let told = "Error: no such file 'harrowmere/lighthose.md'";
-        assert_eq!(step.react(Some(told)).content.as_deref(), Some("fixed"));
+        let seen = |text: &str| {
+            let text = text.to_owned();
+            move || Some(text)
+        };
+        assert_eq!(step.react(seen(told)).content.as_deref(), Some("fixed"));
         let untold = "Error: read_file failed";
-        assert_eq!(step.react(Some(untold)).content.as_deref(), Some("retried"));
-        assert_eq!(step.react(None).content.as_deref(), Some("fixed"));
+        assert_eq!(step.react(seen(untold)).content.as_deref(), Some("retried"));
+        assert_eq!(step.react(|| None).content.as_deref(), Some("fixed"));
     }
 
     #[test]

@@ -68,6 +68,24 @@ pub fn dress_json(content: &str, rng: &mut SplitMix64) -> String {
     }
 }
 
+/// The error body a real provider sends for a transient failure with `status`.
+fn provider_error(status: u16) -> ApiError {
+    if status == 429 {
+        let mut err = ApiError::server(
+            429,
+            "Rate limit reached for requests. Please try again shortly.",
+        );
+        err.kind = "rate_limit_error";
+        err.code = Some("rate_limit_exceeded".into());
+        err
+    } else {
+        ApiError::server(
+            status,
+            "The server had an error while processing your request. Please retry.",
+        )
+    }
+}
+
 fn script_error(err: ScriptError) -> ApiError {
     let message = crate::error_chain(&err);
     match err {
@@ -109,7 +127,7 @@ impl Backend for ScriptedBackend {
         let key = ScriptKey::parse(header).map_err(script_error)?;
         let turn = request.assistant_turns();
         let step = self.store.lookup(&key, turn).map_err(script_error)?;
-        let step = step.react(request.last_observation().as_deref());
+        let step = step.react(|| request.last_observation());
         let fault = step
             .provider_fault
             .as_ref()
@@ -119,18 +137,7 @@ impl Backend for ScriptedBackend {
             ..
         }) = fault
         {
-            let mut err = ApiError::server(
-                *status,
-                match status {
-                    429 => "Rate limit reached for requests. Please try again shortly.",
-                    _ => "The server had an error while processing your request. Please retry.",
-                },
-            );
-            if *status == 429 {
-                err.kind = "rate_limit_error";
-                err.code = Some("rate_limit_exceeded".into());
-            }
-            return Err(err);
+            return Err(provider_error(*status));
         }
         let mut rng = SplitMix64::new(variation_seed(
             request.seed.unwrap_or(0),
