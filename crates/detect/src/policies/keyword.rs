@@ -159,6 +159,14 @@ mod tests {
     }
 
     #[test]
+    fn a_status_code_is_not_found_inside_random_ids() {
+        let k = KeywordPolicy::new().unwrap();
+        assert!(!k.signature_in("C5", r#"{"span_id": "a4290c1f", "trace_id": "0f429e"}"#));
+        assert!(k.signature_in("C5", "HTTP 429: Rate limit reached"));
+        assert!(k.signature_in("C5", r#"{"status": 429}"#));
+    }
+
+    #[test]
     fn the_union_pattern_passes_the_pipeline_parser() {
         let k = KeywordPolicy::new().unwrap();
         let text = format!(
