@@ -146,6 +146,10 @@ pub struct DetectorSection {
     pub observation_chars: usize,
     /// Sampling temperature during training (evaluation is greedy).
     pub temperature: f32,
+    /// Investigations of each valid trace per step. Above 1, the Detector's samples of one
+    /// trace form a group and the `group` baseline compares them with each other (as GRPO
+    /// does), so a trace's difficulty no longer passes for the quality of an investigation.
+    pub samples_per_trace: usize,
 }
 
 impl Default for DetectorSection {
@@ -155,6 +159,7 @@ impl Default for DetectorSection {
             max_action_tokens: 160,
             observation_chars: 400,
             temperature: 1.0,
+            samples_per_trace: 1,
         }
     }
 }
@@ -213,8 +218,9 @@ impl Default for RewardWeights {
 pub enum Baseline {
     /// A learned value head and generalised advantage estimation.
     Gae,
-    /// The episode's reward minus the mean of its group (same role, same step), divided by the
-    /// group's standard deviation; no critic.
+    /// The episode's reward minus the mean of its group (the investigations of one trace when
+    /// `detector.samples_per_trace` > 1, else the role's batch of the step), divided by the
+    /// spread of those differences over the batch; no critic.
     Group,
 }
 
@@ -341,6 +347,30 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// The configuration text `text` with `[run] seed` set to `seed` (`pathfinder train --seed`):
+    /// the text a run records, so its checkpoints say which seed it ran. Comments are dropped.
+    pub fn text_with_seed(text: &str, origin: &Path, seed: u64) -> Result<String> {
+        let bad = |reason: String| RlError::Config {
+            path: origin.to_owned(),
+            reason,
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let run = table
+            .entry("run")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(run) = run.as_table_mut() else {
+            return Err(bad("`run` must be a table".into()));
+        };
+        let seed = i64::try_from(seed).map_err(|_| bad(format!("seed {seed} is too large")))?;
+        run.insert("seed".into(), toml::Value::Integer(seed));
+        let out = toml::to_string(&table).map_err(|e| bad(e.to_string()))?;
+        RunConfig::parse(&out, origin)?;
+        Ok(format!(
+            "# {} with [run] seed = {seed} (pathfinder train --seed)\n{out}",
+            origin.display()
+        ))
+    }
+
     fn validate(&self, origin: &Path) -> Result<()> {
         let bad = |field: &str, reason: &str| {
             Err(RlError::Config {
@@ -381,6 +411,9 @@ impl RunConfig {
                 "must be at least 2 (one call and the answer)",
             );
         }
+        if self.detector.samples_per_trace == 0 {
+            return bad("detector.samples_per_trace", "must be at least 1");
+        }
         if self.reward.max_calls == 0 {
             return bad("reward.max_calls", "must be at least 1");
         }
@@ -413,6 +446,21 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = "[model]\npath = \"m.gguf\"\n[run]\nseed = 1\nsteps = 2\nagents = [\"toolcaller\"]\ninjections_per_step = 2\n";
+
+    #[test]
+    fn a_seed_override_keeps_every_other_field() {
+        let text = "[run]\nseed = 0\nsteps = 3\n[ppo]\nlr = 1e-4\n";
+        let out = RunConfig::text_with_seed(text, Path::new("x.toml"), 7).unwrap();
+        let c = RunConfig::parse(&out, Path::new("x.toml")).unwrap();
+        assert_eq!((c.run.seed, c.run.steps, c.ppo.lr), (7, 3, 1e-4));
+        // A file with no [run] table gets one.
+        let c = RunConfig::parse(
+            &RunConfig::text_with_seed("", Path::new("x.toml"), 2).unwrap(),
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.run.seed, 2);
+    }
 
     #[test]
     fn minimal_config_gets_the_paper_defaults() {

@@ -27,6 +27,8 @@ pub struct StepMetrics {
     pub injection_entropy: Option<f64>,
     /// Mean tool calls per investigation.
     pub query_depth: Option<f64>,
+    /// KL to the base model (adapters off) per trained token, before the update: over the
+    /// step's PPO batches, or (warm start) the Detector's on the demonstrations.
     pub kl: Option<f64>,
     pub clip_fraction: Option<f64>,
     pub value_loss: Option<f64>,
@@ -37,6 +39,8 @@ pub struct StepMetrics {
     pub episodes_per_min: Option<f64>,
     pub tokens_per_s: Option<f64>,
     pub valid_injections: Option<usize>,
+    /// The Detector's investigations (`detector.samples_per_trace` per valid injection).
+    pub investigations: Option<usize>,
     pub episodes: Option<usize>,
     pub higher_order: Option<usize>,
     /// Mean reward of the higher-order (review) examples.
@@ -56,6 +60,20 @@ pub struct EvalMetrics {
     /// `sft` (the warm-started policy before any PPO step), `ppo`, or `base`.
     pub policy: String,
 }
+
+/// One held-out case of an evaluation (`eval-cases.jsonl`): what the Detector answered on each
+/// trace, so a run's accuracy can be read trace by trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalCase {
+    pub step: u64,
+    /// As in [`EvalMetrics::policy`].
+    pub policy: String,
+    #[serde(flatten)]
+    pub case: eval::metrics::Case,
+}
+
+/// The run's line-per-event logs, kept in every checkpoint and cut back on `--resume`.
+pub const RUN_LOGS: [&str; 3] = ["metrics.jsonl", "eval.jsonl", "eval-cases.jsonl"];
 
 /// Appends one JSON line and flushes it to disk.
 pub fn append<T: Serialize>(path: &Path, value: &T) -> Result<()> {

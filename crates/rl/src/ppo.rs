@@ -7,8 +7,9 @@
 //! ```text
 //! per generated token t:   r_t = −β_KL · (log π_old(a_t) − log π_ref(a_t))   (+ R on the last token)
 //! GAE:                     δ_t = r_t + γ·V(t+1) − V(t),   A_t = δ_t + γλ·A_{t+1},   ret_t = A_t + V(t)
-//! group baseline instead:  A_t = (R − mean_group R) / std_group R, and the KL term moves into the
-//!                          loss as k3 = exp(ref − new) − (ref − new) − 1
+//! group baseline instead:  A_t = (R − mean_g R) / std_batch(R − mean_g R), g the episode's
+//!                          group (the investigations of one trace, or the whole batch), and the
+//!                          KL term moves into the loss as k3 = exp(ref − new) − (ref − new) − 1
 //! ratio_t = exp(log π_new(a_t) − log π_old(a_t))
 //! loss = mean_t [ −min(ratio·A, clip(ratio, 1−ε, 1+ε)·A) + c_v·½(V − ret)² − c_H·H_t ]
 //! ```
@@ -18,6 +19,8 @@
 //! generated tokens count; prompts and tool outputs are context. The clipped term's gradient
 //! is taken through an explicit mask (zero where the clipped branch is the minimum), which is
 //! exactly the gradient of the `min`.
+
+use std::collections::BTreeMap;
 
 use model::{AdamW, DType, Gradients, Model, Tensor};
 use policy::Conversation;
@@ -43,6 +46,10 @@ pub struct Sample {
     pub role: Role,
     pub conversation: Conversation,
     pub reward: f64,
+    /// The group whose mean and spread the `group` baseline measures this sample's reward
+    /// against: samples of the same prompt (investigations of one trace), or a whole batch.
+    #[serde(default)]
+    pub group: u64,
 }
 
 /// The generated tokens of a conversation scored under one adapter.
@@ -189,6 +196,29 @@ pub fn gae(rewards: &[f32], values: &[f32], gamma: f64, lambda: f64) -> (Vec<f32
     (adv, ret)
 }
 
+/// The `group` baseline's advantage of each sample: its reward less its group's mean, scaled
+/// by the spread of those differences over the whole batch, `(R − mean_g) / std(R − mean)`.
+/// A group whose rewards are all equal (or a group of one) teaches nothing and gets zero.
+/// The scale is the batch's, not each group's, so that a small difference within one group
+/// (one call fewer, say) is not blown up to the size of a right answer within another.
+pub fn group_advantages(samples: &[Sample]) -> Vec<f32> {
+    let mut groups: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
+    for s in samples {
+        let g = groups.entry(s.group).or_default();
+        g.0 += s.reward;
+        g.1 += 1;
+    }
+    let centred: Vec<f64> = samples
+        .iter()
+        .map(|s| {
+            let (sum, n) = groups[&s.group];
+            s.reward - sum / n as f64
+        })
+        .collect();
+    let std = (centred.iter().map(|c| c * c).sum::<f64>() / centred.len().max(1) as f64).sqrt();
+    centred.iter().map(|c| (c / (std + 1e-8)) as f32).collect()
+}
+
 /// Normalises to zero mean and unit variance (across the batch).
 fn whiten(all: &mut [Vec<f32>]) {
     let flat: Vec<f64> = all.iter().flatten().map(|&x| x as f64).collect();
@@ -256,13 +286,9 @@ pub fn update(
             p.advantages = a;
         }
     } else {
-        // Group-relative: every token of an episode gets its episode's normalised reward.
-        let rewards: Vec<f64> = samples.iter().map(|s| s.reward).collect();
-        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-        let std =
-            (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt();
-        for (p, r) in prepared.iter_mut().zip(&rewards) {
-            let a = ((r - mean) / (std + 1e-8)) as f32;
+        // Group-relative: every token of an episode gets its episode's reward normalised
+        // within its group.
+        for (p, a) in prepared.iter_mut().zip(group_advantages(samples)) {
             p.advantages.iter_mut().for_each(|x| *x = a);
         }
     }
@@ -339,30 +365,47 @@ pub fn update(
     Ok(stats)
 }
 
+/// What one warm-start update measured, before its step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SftStats {
+    /// Mean negative log-likelihood per generated token.
+    pub nll: f64,
+    /// KL to the base model (adapters off) per generated token, the k3 estimate on the
+    /// demonstrations' tokens: how far the warm start has moved the policy so far.
+    pub kl: f64,
+}
+
 /// Supervised warm start: one AdamW step of mean negative log-likelihood of the generated
-/// tokens of `batch` (teacher forcing on demonstrations). Returns the loss before the step.
+/// tokens of `batch` (teacher forcing on demonstrations). Returns the loss and the KL to the
+/// base before the step.
 pub fn sft_step(
     model: &mut Model,
     adapter: &str,
     optimizer: &mut AdamW,
     batch: &[Conversation],
     max_grad_norm: f64,
-) -> Result<f64> {
-    model.set_training(true);
+) -> Result<SftStats> {
     let vars = model.trainable_vars(adapter)?;
     let mut grads = Gradients::new(vars);
     let total: usize = batch.iter().map(Conversation::generated_count).sum();
-    let mut nll = 0f64;
+    let mut stats = SftStats::default();
     for c in batch {
+        model.set_training(false);
+        let reference = to_vec(&score(model, None, c, false, false)?.logprobs)?;
+        model.set_training(true);
         let s = score(model, Some(adapter), c, false, false)?;
+        for (o, r) in to_vec(&s.logprobs)?.iter().zip(&reference) {
+            let d = (*r - *o) as f64;
+            stats.kl += (d.exp() - d - 1.0) / total as f64;
+        }
         let loss = (s.logprobs.sum_all()?.neg()? / total as f64)?;
-        nll += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        stats.nll += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         grads.accumulate(&loss)?;
     }
     grads.clip_global_norm(max_grad_norm)?;
     optimizer.step(&grads)?;
     model.set_training(false);
-    Ok(nll)
+    Ok(stats)
 }
 
 /// Mean negative log-likelihood of the generated tokens of `batch` (no update).
@@ -398,6 +441,36 @@ mod tests {
         let (adv, _) = gae(&rewards, &values, 1.0, 0.0);
         assert!((adv[0] - (0.4 - 0.2)).abs() < 1e-6);
         assert!((adv[2] - (1.0 - 0.5)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn group_advantages_compare_samples_within_their_group_only() {
+        let sample = |group, reward| Sample {
+            role: Role::Detector,
+            conversation: Conversation::new(),
+            reward,
+            group,
+        };
+        let a = group_advantages(&[
+            sample(0, 1.0),
+            sample(0, 0.0),
+            sample(1, 5.0),
+            sample(1, 5.0),
+            sample(2, 3.0),
+        ]);
+        // Centred within group 0 (±0.5) and scaled by the batch's spread, √(0.5 / 5).
+        let scaled = 0.5 / (0.5f64 / 5.0).sqrt();
+        assert!((a[0] as f64 - scaled).abs() < 1e-5, "{a:?}");
+        assert!((a[1] as f64 + scaled).abs() < 1e-5, "{a:?}");
+        // A trace every investigation scored alike, and a group of one, teach nothing.
+        assert_eq!(&a[2..], &[0.0, 0.0, 0.0]);
+        // One group is the plain batch baseline: zero mean, unit variance.
+        let b = group_advantages(&[sample(0, 2.0), sample(0, 0.0), sample(0, 1.0)]);
+        let var = b.iter().map(|x| x * x).sum::<f32>() / 3.0;
+        assert!(
+            b.iter().sum::<f32>().abs() < 1e-6 && (var - 1.0).abs() < 1e-5,
+            "{b:?}"
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::config::{InjectorMode, RunConfig, Topology};
 use crate::environment::{self, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
 use crate::higher_order::{self, FailedInvestigation};
-use crate::metrics::{self, EvalMetrics, StepMetrics};
+use crate::metrics::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::ppo::{self, Role, Sample};
 use crate::reward::{self, Detection};
 use crate::{Result, RlError};
@@ -63,7 +63,9 @@ struct Episode {
     deficiency: String,
     injector: Conversation,
     manifest: Option<corpus::Manifest>,
-    detection: Option<(Detection, Conversation, detect::Transcript)>,
+    /// The Detector's investigations of the episode's trace (`detector.samples_per_trace` of
+    /// them); empty when the injection was not valid.
+    detections: Vec<(Detection, Conversation, detect::Transcript)>,
 }
 
 /// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
@@ -143,7 +145,7 @@ impl Trainer {
         std::fs::write(&run_config, config_text).map_err(|e| RlError::io(&run_config, e))?;
         if latest.is_none() {
             // Lines of an attempt that died before its first checkpoint are redone.
-            for file in ["metrics.jsonl", "eval.jsonl"] {
+            for file in metrics::RUN_LOGS {
                 let p = options.run_dir.join(file);
                 if p.exists() {
                     std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
@@ -188,7 +190,7 @@ impl Trainer {
                     checkpoint::load_adapter(&mut pm.model, dir, name)?;
                 }
                 state = checkpoint::read_state(dir)?;
-                for file in ["metrics.jsonl", "eval.jsonl"] {
+                for file in metrics::RUN_LOGS {
                     metrics::truncate_after(&options.run_dir.join(file), *step)?;
                 }
                 tracing::info!(step, "resuming from {}", dir.display());
@@ -289,6 +291,7 @@ impl Trainer {
             "eval  {bar:30} {pos}/{len} {msg}",
         );
         let mut right = 0;
+        let mut cases = Vec::new();
         let acc = evaluate::evaluate(
             &self.shared,
             &self.grammar,
@@ -299,11 +302,23 @@ impl Trainer {
                 if eval::metrics::detected(case) {
                     right += 1;
                 }
+                cases.push(case.clone());
                 bar.inc(1);
                 bar.set_message(format!("{right} detected"));
             },
         )?;
         bar.finish_and_clear();
+        let cases_log = self.options.run_dir.join("eval-cases.jsonl");
+        for case in cases {
+            metrics::append(
+                &cases_log,
+                &EvalCase {
+                    step: self.state.step,
+                    policy: label.into(),
+                    case,
+                },
+            )?;
+        }
         metrics::append(
             &self.options.run_dir.join("eval.jsonl"),
             &EvalMetrics {
@@ -361,10 +376,11 @@ impl Trainer {
         for epoch in 0..self.config.sft.epochs {
             for chunk in demos.chunks(batch) {
                 let started = Instant::now();
-                let loss = {
+                let sft = {
                     let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
                     ppo::sft_step(&mut pm.model, adapter, &mut opt, chunk, 1.0)?
                 };
+                let loss = sft.nll;
                 update += 1;
                 let tokens: usize = chunk.iter().map(Conversation::len).sum();
                 let secs = started.elapsed().as_secs_f64();
@@ -375,6 +391,7 @@ impl Trainer {
                         phase: "sft".into(),
                         unix_ms: unix_ms(),
                         sft_loss: Some(loss),
+                        kl: Some(sft.kl),
                         episodes: Some(chunk.len()),
                         tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
                         seconds: Some(secs),
@@ -409,7 +426,12 @@ impl Trainer {
             self.save()?;
         } else if let Some(split) = &held_out {
             outcome.before = read_eval(&self.options.run_dir, 0)?;
-            let _ = split;
+            if outcome.before.is_none() && self.state.step == 0 {
+                // The warm start finished but its evaluation is not on record (its lines were
+                // removed because the evaluation settings changed): evaluate it now.
+                outcome.before = Some(self.evaluate(split, "sft")?);
+                self.save()?;
+            }
         }
         if self.options.sft_only {
             return Ok(outcome);
@@ -531,7 +553,7 @@ impl Trainer {
                 deficiency: option.deficiency.clone(),
                 injector: choice.conversation,
                 manifest: None,
-                detection: None,
+                detections: Vec::new(),
             });
         }
 
@@ -554,6 +576,7 @@ impl Trainer {
         )
         .map_err(|e| RlError::Environment(e.to_string()))?;
         let out = env.out().to_owned();
+        let per_trace = self.config.detector.samples_per_trace;
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             let env_ref = &mut *env;
@@ -583,34 +606,37 @@ impl Trainer {
                 if manifest.validation.valid {
                     let trace_id = format!("t{step:05}{i:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
-                    let sink = Arc::new(Mutex::new(Conversation::new()));
-                    let policy = LearnedDetector::new(
-                        Arc::clone(&self.shared),
-                        Arc::clone(&self.grammar),
-                        self.detector_options(mix(seed, step, i as u64, 3)),
-                    )
-                    .with_sink(Arc::clone(&sink));
-                    let transcript =
-                        detector
+                    for k in 0..per_trace {
+                        let sink = Arc::new(Mutex::new(Conversation::new()));
+                        let policy = LearnedDetector::new(
+                            Arc::clone(&self.shared),
+                            Arc::clone(&self.grammar),
+                            self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)),
+                        )
+                        .with_sink(Arc::clone(&sink));
+                        let transcript = detector
                             .investigate(&trace_id, Box::new(policy))
                             .map_err(|e| {
                                 RlError::Environment(format!("investigating {trace_id}: {e}"))
                             })?;
-                    let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    let (deficiency, component) = match transcript.verdict() {
-                        Some(Verdict::Deficiency {
-                            deficiency_id,
+                        let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        let (deficiency, component) = match transcript.verdict() {
+                            Some(Verdict::Deficiency {
+                                deficiency_id,
+                                component,
+                                ..
+                            }) => (Some(deficiency_id.clone()), Some(component.clone())),
+                            _ => (None, None),
+                        };
+                        let detection = Detection {
+                            deficiency,
                             component,
-                            ..
-                        }) => (Some(deficiency_id.clone()), Some(component.clone())),
-                        _ => (None, None),
-                    };
-                    let detection = Detection {
-                        deficiency,
-                        component,
-                        tool_calls: eval::store_eval::tool_calls(&transcript),
-                    };
-                    episodes[i].detection = Some((detection, conversation, transcript));
+                            tool_calls: eval::store_eval::tool_calls(&transcript),
+                        };
+                        episodes[i]
+                            .detections
+                            .push((detection, conversation, transcript));
+                    }
                 }
                 episodes[i].manifest = Some(manifest);
             }
@@ -633,26 +659,50 @@ impl Trainer {
         let mut new_failures: Vec<FailedInvestigation> = Vec::new();
         let mut investigated = 0usize;
         let mut chosen_types = Vec::new();
-        for e in &episodes {
+        let mut log = String::new();
+        for (i, e) in episodes.iter().enumerate() {
             chosen_types.push(e.deficiency.clone());
             let manifest = e.manifest.as_ref().expect("checked above");
             let truth = environment::truth(manifest);
             let sites = &env.agent(&e.agent)?.sites;
-            let (r_inj, r_det) = match &e.detection {
-                None => (reward::injector_reward(None, &truth, w), None),
-                Some((d, _, _)) => (
-                    reward::injector_reward(Some(d), &truth, w),
-                    Some(reward::detector_reward(d, &truth, sites, w)),
-                ),
-            };
-            r_inj_sum += r_inj;
-            let joint = r_inj + r_det.unwrap_or(0.0);
-            samples_inj.push(Sample {
-                role: Role::Injector,
-                conversation: e.injector.clone(),
-                reward: if w.joint { joint } else { r_inj },
-            });
-            if let (Some((d, conversation, transcript)), Some(r_det)) = (&e.detection, r_det) {
+            if e.detections.is_empty() {
+                // Invalid: the injection never reached the Detector.
+                let r_inj = reward::injector_reward(None, &truth, w);
+                r_inj_sum += r_inj;
+                samples_inj.push(Sample {
+                    role: Role::Injector,
+                    conversation: e.injector.clone(),
+                    reward: r_inj,
+                    group: 0,
+                });
+                self.state.history.push((truth.deficiency.clone(), false));
+                continue;
+            }
+            // The Injector's reward is its expected reward over the trace's investigations;
+            // each investigation is trained on its own joint reward.
+            let k = e.detections.len() as f64;
+            let r_inj = e
+                .detections
+                .iter()
+                .map(|(d, _, _)| reward::injector_reward(Some(d), &truth, w))
+                .sum::<f64>()
+                / k;
+            let mut r_det_mean = 0.0;
+            for (j, (d, conversation, transcript)) in e.detections.iter().enumerate() {
+                let r_det = reward::detector_reward(d, &truth, sites, w);
+                let r_inj_j = reward::injector_reward(Some(d), &truth, w);
+                let line = serde_json::json!({
+                    "step": step,
+                    "episode": i,
+                    "sample": j,
+                    "truth": &truth,
+                    "reward_detector": r_det,
+                    "reward_injector": r_inj_j,
+                    "transcript": transcript,
+                });
+                log.push_str(&line.to_string());
+                log.push('\n');
+                r_det_mean += r_det / k;
                 investigated += 1;
                 r_det_sum += r_det;
                 calls += d.tool_calls;
@@ -661,21 +711,45 @@ impl Trainer {
                 localised += usize::from(
                     reward::loc_score(d.component.as_deref(), &truth, sites, w) >= w.loc_function,
                 );
-                self.state.history.push((truth.deficiency.clone(), correct));
+                if j == 0 {
+                    self.state.history.push((truth.deficiency.clone(), correct));
+                    // One higher-order example per trace: its other investigations' failures
+                    // would be near copies.
+                    if let Some(f) =
+                        higher_order::from_transcript(transcript, &truth, &self.keyword)
+                    {
+                        new_failures.push(f);
+                    }
+                }
                 if conversation.generated_count() > 0 {
                     samples_det.push(Sample {
                         role: Role::Detector,
                         conversation: conversation.clone(),
-                        reward: if w.joint { joint } else { r_det },
+                        reward: if w.joint { r_inj_j + r_det } else { r_det },
+                        // One group per trace when it was investigated several times.
+                        group: if per_trace > 1 { 1 + i as u64 } else { 0 },
                     });
                 }
-                if let Some(f) = higher_order::from_transcript(transcript, &truth, &self.keyword) {
-                    new_failures.push(f);
-                }
-            } else {
-                self.state.history.push((truth.deficiency.clone(), false));
             }
+            r_inj_sum += r_inj;
+            samples_inj.push(Sample {
+                role: Role::Injector,
+                conversation: e.injector.clone(),
+                reward: if w.joint { r_inj + r_det_mean } else { r_inj },
+                group: 0,
+            });
         }
+        // Every investigation of the step, for reading what the Detector did (not read back).
+        let log_path = self
+            .options
+            .run_dir
+            .join("live")
+            .join("investigations")
+            .join(format!("step-{step}.jsonl"));
+        if let Some(dir) = log_path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| RlError::io(dir, e))?;
+        }
+        std::fs::write(&log_path, log).map_err(|e| RlError::io(&log_path, e))?;
         let keep = self.state.history.len().saturating_sub(16);
         self.state.history.drain(..keep);
 
@@ -701,6 +775,8 @@ impl Trainer {
                     role: Role::Review,
                     conversation,
                     reward,
+                    // Reviews are measured against each other, not against investigations.
+                    group: u64::MAX,
                 });
             }
             self.state.failed.extend(new_failures);
@@ -752,7 +828,7 @@ impl Trainer {
         };
         let secs = started.elapsed().as_secs_f64();
         let nf = n as f64;
-        let valid = episodes.iter().filter(|e| e.detection.is_some()).count();
+        let valid = episodes.iter().filter(|e| !e.detections.is_empty()).count();
         let per_inv = |x: f64| (investigated > 0).then(|| x / investigated as f64);
         let mut unique = chosen_types.clone();
         unique.sort();
@@ -778,6 +854,7 @@ impl Trainer {
             episodes_per_min: Some(nf / (secs / 60.0)),
             tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
             valid_injections: Some(valid),
+            investigations: Some(investigated),
             episodes: Some(n),
             higher_order: Some(n_reviews),
             reward_review: review_reward,

@@ -160,17 +160,31 @@ fn train_towards_good(baseline: Baseline) -> (f64, f64) {
             role: Role::Detector,
             conversation: good.clone(),
             reward: 1.0,
+            group: 0,
         },
         Sample {
             role: Role::Detector,
             conversation: bad.clone(),
             reward: -1.0,
+            group: 0,
         },
     ];
+    let mut kls = Vec::new();
     for _ in 0..4 {
         let stats = ppo::update(&mut m, "a", &mut opt, &batch, &cfg, 0.01).unwrap();
         assert!(stats.tokens > 0 && stats.kl.is_finite() && stats.grad_norm > 0.0);
+        kls.push(stats.kl);
     }
+    // The KL to the base is measured before each update: zero for a fresh adapter (LoRA's B
+    // starts at zero), then growing as the adapter moves away from the base.
+    assert!(
+        kls[0].abs() < 1e-9,
+        "{baseline:?}: KL before any update {kls:?}"
+    );
+    assert!(
+        kls.windows(2).all(|w| w[1] > w[0]),
+        "{baseline:?}: KL to the base did not grow: {kls:?}"
+    );
     (lp(&m, &good) - g0, lp(&m, &bad) - b0)
 }
 
@@ -206,9 +220,18 @@ fn the_warm_start_lowers_the_demonstrations_loss_and_leaves_the_base_alone() {
         },
     )
     .unwrap();
+    let mut kls = Vec::new();
     for _ in 0..6 {
-        ppo::sft_step(&mut m, "a", &mut opt, &demos, 1.0).unwrap();
+        kls.push(
+            ppo::sft_step(&mut m, "a", &mut opt, &demos, 1.0)
+                .unwrap()
+                .kl,
+        );
     }
+    assert!(
+        kls[0].abs() < 1e-9 && kls[5] > kls[1],
+        "KL to the base: {kls:?}"
+    );
     let after = ppo::nll(&m, Some("a"), &demos).unwrap();
     assert!(after < before - 0.05, "nll {before} -> {after}");
     assert_eq!(ppo::nll(&m, None, &demos).unwrap(), base_before);

@@ -42,16 +42,21 @@ fn tiny() -> PolicyModel {
     PolicyModel::new(m, model::testing::tiny_tokenizer().unwrap(), "tiny".into()).unwrap()
 }
 
-fn train(run_dir: &Path, resume: bool, max_steps: Option<u64>) -> u64 {
-    let config = RunConfig::parse(CONFIG, Path::new("test.toml")).unwrap();
-    let options = TrainOptions {
+/// Options for a run in `run_dir` without a progress bar.
+fn options(run_dir: &Path, resume: bool, max_steps: Option<u64>) -> TrainOptions {
+    TrainOptions {
         root: root(),
         run_dir: run_dir.to_owned(),
         resume,
         sft_only: false,
         max_steps,
         progress: false,
-    };
+    }
+}
+
+fn train(run_dir: &Path, resume: bool, max_steps: Option<u64>) -> u64 {
+    let config = RunConfig::parse(CONFIG, Path::new("test.toml")).unwrap();
+    let options = options(run_dir, resume, max_steps);
     let mut t = Trainer::with_model(config, CONFIG, options, tiny()).unwrap();
     t.run().unwrap().last_step
 }
@@ -181,19 +186,35 @@ fn self_play_trains_checkpoints_and_resumes_exactly() {
 
     // A finished run refuses a fresh start in the same directory.
     let config = RunConfig::parse(CONFIG, Path::new("test.toml")).unwrap();
-    let options = TrainOptions {
-        root: root(),
-        run_dir: whole.clone(),
-        resume: false,
-        sft_only: false,
-        max_steps: None,
-        progress: false,
-    };
+    let options = options(&whole, false, None);
     let err = Trainer::with_model(config, CONFIG, options, tiny())
         .err()
         .expect("refused")
         .to_string();
     assert!(err.contains("--resume"), "{err}");
+}
+
+#[test]
+fn several_investigations_of_each_trace_train_against_each_other() {
+    let config_text = CONFIG
+        .replace("steps = 2", "steps = 1")
+        .replace("max_turns = 2", "max_turns = 2\nsamples_per_trace = 3")
+        .replace(
+            "[higher_order]",
+            "[ppo]\nbaseline = \"group\"\n[higher_order]",
+        );
+    let config = RunConfig::parse(&config_text, Path::new("test.toml")).unwrap();
+    assert_eq!(config.detector.samples_per_trace, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let options = options(&dir.path().join("grouped"), false, None);
+    let mut t = Trainer::with_model(config, &config_text, options, tiny()).unwrap();
+    assert_eq!(t.run().unwrap().last_step, 1);
+    let lines = deterministic_metrics(&dir.path().join("grouped"));
+    let l = &lines[0];
+    let valid = l["valid_injections"].as_u64().unwrap();
+    assert!(valid > 0, "no valid injection was investigated: {l}");
+    assert_eq!(l["investigations"].as_u64().unwrap(), 3 * valid, "{l}");
+    assert!(l["kl"].is_number(), "{l}");
 }
 
 #[test]
@@ -207,14 +228,7 @@ fn a_free_form_injector_writes_a_diff_that_the_engine_judges() {
         .replace("injections_per_step = 2", "injections_per_step = 1");
     let config = RunConfig::parse(&text, Path::new("diff.toml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let options = TrainOptions {
-        root: root(),
-        run_dir: dir.path().join("diff"),
-        resume: false,
-        sft_only: false,
-        max_steps: None,
-        progress: false,
-    };
+    let options = options(&dir.path().join("diff"), false, None);
     let mut t = Trainer::with_model(config, &text, options, tiny()).unwrap();
     assert_eq!(t.run().unwrap().last_step, 1);
     let line: serde_json::Value = serde_json::from_str(

@@ -121,16 +121,19 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
             .map(|e| (e.step as f64, e.detection_accuracy))
             .collect(),
     };
-    let sft = Series {
-        name: "SFT loss".into(),
+    let warm = |name: &str, f: fn(&StepMetrics) -> Option<f64>| Series {
+        name: name.into(),
         points: log
             .steps
             .iter()
             .filter(|m| m.phase == "sft")
             .enumerate()
-            .filter_map(|(i, m)| m.sft_loss.map(|v| ((i + 1) as f64, v)))
+            .filter_map(|(i, m)| f(m).map(|v| ((i + 1) as f64, v)))
             .collect(),
     };
+    let sft = warm("SFT loss", |m| m.sft_loss);
+    // The warm start is where the adapter first leaves the base: its KL starts at zero.
+    let sft_kl = warm("KL to the base", |m| m.kl);
     let mut all = vec![
         (
             "reward.png",
@@ -215,8 +218,8 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
         LineChart {
             title: format!("Warm start — {}", log.name),
             x_label: "update".into(),
-            y_label: "NLL per token".into(),
-            series: vec![sft],
+            y_label: "nats per token".into(),
+            series: vec![sft, sft_kl],
         },
     ));
     all.into_iter()

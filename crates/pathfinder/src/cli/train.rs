@@ -10,7 +10,7 @@ use rl::trainer::{TrainOptions, Trainer};
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// The run configuration (see rl/README.md).
+    /// The run configuration (every field is documented in rl/default.toml).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// The run's name: checkpoints, metrics and episodes go to RUNS_DIR/NAME.
@@ -27,6 +27,9 @@ pub struct TrainArgs {
     /// Stop after this many PPO steps in this invocation; the run stays resumable.
     #[arg(long, value_name = "N")]
     max_steps: Option<u64>,
+    /// Overrides the configuration's `[run] seed` (the run records the configuration it ran).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
     /// The repository root (with agents/ and deficiencies/); paths in the configuration are
     /// relative to it.
     #[arg(long, value_name = "DIR", default_value = ".")]
@@ -36,6 +39,10 @@ pub struct TrainArgs {
 pub fn run(args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
+    let text = match args.seed {
+        Some(seed) => rl::RunConfig::text_with_seed(&text, &args.config, seed)?,
+        None => text,
+    };
     let run_dir = args.runs_dir.join(&args.run);
     let options = TrainOptions {
         root: std::path::absolute(&args.root)?,
