@@ -348,25 +348,17 @@ impl RunConfig {
     }
 
     /// The configuration text `text` with `[run] seed` set to `seed` (`pathfinder train --seed`):
-    /// the text a run records, so its checkpoints say which seed it ran. Comments are dropped.
+    /// the text a run records, so its checkpoints say which seed it ran. Every field is spelt
+    /// out and comments are dropped.
     pub fn text_with_seed(text: &str, origin: &Path, seed: u64) -> Result<String> {
-        let bad = |reason: String| RlError::Config {
+        let mut config = RunConfig::parse(text, origin)?;
+        config.run.seed = seed;
+        let out = toml::to_string(&config).map_err(|e| RlError::Config {
             path: origin.to_owned(),
-            reason,
-        };
-        let mut table: toml::Table = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
-        let run = table
-            .entry("run")
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        let Some(run) = run.as_table_mut() else {
-            return Err(bad("`run` must be a table".into()));
-        };
-        let seed = i64::try_from(seed).map_err(|_| bad(format!("seed {seed} is too large")))?;
-        run.insert("seed".into(), toml::Value::Integer(seed));
-        let out = toml::to_string(&table).map_err(|e| bad(e.to_string()))?;
-        RunConfig::parse(&out, origin)?;
+            reason: e.to_string(),
+        })?;
         Ok(format!(
-            "# {} with [run] seed = {seed} (pathfinder train --seed)\n{out}",
+            "# {} with [run] seed = {seed} (pathfinder train --seed); every field spelt out\n{out}",
             origin.display()
         ))
     }
@@ -449,17 +441,13 @@ mod tests {
 
     #[test]
     fn a_seed_override_keeps_every_other_field() {
-        let text = "[run]\nseed = 0\nsteps = 3\n[ppo]\nlr = 1e-4\n";
+        let text = &format!("{MINIMAL}\n[ppo]\nlr = 1e-4\n");
         let out = RunConfig::text_with_seed(text, Path::new("x.toml"), 7).unwrap();
         let c = RunConfig::parse(&out, Path::new("x.toml")).unwrap();
-        assert_eq!((c.run.seed, c.run.steps, c.ppo.lr), (7, 3, 1e-4));
-        // A file with no [run] table gets one.
-        let c = RunConfig::parse(
-            &RunConfig::text_with_seed("", Path::new("x.toml"), 2).unwrap(),
-            Path::new("x.toml"),
-        )
-        .unwrap();
-        assert_eq!(c.run.seed, 2);
+        let mut expected = RunConfig::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(expected.ppo.lr, 1e-4);
+        expected.run.seed = 7;
+        assert_eq!(c, expected);
     }
 
     #[test]
