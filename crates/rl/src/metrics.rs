@@ -77,13 +77,25 @@ pub const RUN_LOGS: [&str; 3] = ["metrics.jsonl", "eval.jsonl", "eval-cases.json
 
 /// Appends one JSON line and flushes it to disk.
 pub fn append<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    append_all(path, std::iter::once(value))
+}
+
+/// Appends one JSON line per value, all in one write and one flush.
+pub fn append_all<'a, T: Serialize + 'a>(
+    path: &Path,
+    values: impl IntoIterator<Item = &'a T>,
+) -> Result<()> {
+    let mut text = String::new();
+    for value in values {
+        text.push_str(&serde_json::to_string(value).expect("metrics serialise"));
+        text.push('\n');
+    }
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .map_err(|e| RlError::io(path, e))?;
-    let line = serde_json::to_string(value).expect("metrics serialise") + "\n";
-    f.write_all(line.as_bytes())
+    f.write_all(text.as_bytes())
         .and_then(|_| f.sync_data())
         .map_err(|e| RlError::io(path, e))
 }

@@ -219,6 +219,19 @@ pub fn group_advantages(samples: &[Sample]) -> Vec<f32> {
     centred.iter().map(|c| (c / (std + 1e-8)) as f32).collect()
 }
 
+/// Σ_t k3 estimate of KL(π ‖ π_ref) over the tokens whose log-probabilities are `policy` and
+/// `reference`: with d = ref − policy, exp(d) − d − 1 (non-negative, zero when they agree).
+fn k3_sum(policy: &[f32], reference: &[f32]) -> f64 {
+    policy
+        .iter()
+        .zip(reference)
+        .map(|(p, r)| {
+            let d = (*r - *p) as f64;
+            d.exp() - d - 1.0
+        })
+        .sum()
+}
+
 /// Normalises to zero mean and unit variance (across the batch).
 fn whiten(all: &mut [Vec<f32>]) {
     let flat: Vec<f64> = all.iter().flatten().map(|&x| x as f64).collect();
@@ -256,10 +269,7 @@ pub fn update(
         let reference = score(model, None, &s.conversation, false, false)?;
         let old_lp = to_vec(&old.logprobs)?;
         let ref_lp = to_vec(&reference.logprobs)?;
-        for (o, r) in old_lp.iter().zip(&ref_lp) {
-            let d = (*r - *o) as f64;
-            kl_sum += d.exp() - d - 1.0;
-        }
+        kl_sum += k3_sum(&old_lp, &ref_lp);
         let (advantages, returns) = if use_critic {
             let values = to_vec(old.values.as_ref().expect("asked for values"))?;
             let mut rewards: Vec<f32> = old_lp
@@ -394,10 +404,7 @@ pub fn sft_step(
         let reference = to_vec(&score(model, None, c, false, false)?.logprobs)?;
         model.set_training(true);
         let s = score(model, Some(adapter), c, false, false)?;
-        for (o, r) in to_vec(&s.logprobs)?.iter().zip(&reference) {
-            let d = (*r - *o) as f64;
-            stats.kl += (d.exp() - d - 1.0) / total as f64;
-        }
+        stats.kl += k3_sum(&to_vec(&s.logprobs)?, &reference) / total as f64;
         let loss = (s.logprobs.sum_all()?.neg()? / total as f64)?;
         stats.nll += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         grads.accumulate(&loss)?;

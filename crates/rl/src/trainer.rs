@@ -308,17 +308,15 @@ impl Trainer {
             },
         )?;
         bar.finish_and_clear();
-        let cases_log = self.options.run_dir.join("eval-cases.jsonl");
-        for case in cases {
-            metrics::append(
-                &cases_log,
-                &EvalCase {
-                    step: self.state.step,
-                    policy: label.into(),
-                    case,
-                },
-            )?;
-        }
+        let cases: Vec<EvalCase> = cases
+            .into_iter()
+            .map(|case| EvalCase {
+                step: self.state.step,
+                policy: label.into(),
+                case,
+            })
+            .collect();
+        metrics::append_all(&self.options.run_dir.join("eval-cases.jsonl"), &cases)?;
         metrics::append(
             &self.options.run_dir.join("eval.jsonl"),
             &EvalMetrics {
@@ -681,13 +679,7 @@ impl Trainer {
             // The Injector's reward is its expected reward over the trace's investigations;
             // each investigation is trained on its own joint reward.
             let k = e.detections.len() as f64;
-            let r_inj = e
-                .detections
-                .iter()
-                .map(|(d, _, _)| reward::injector_reward(Some(d), &truth, w))
-                .sum::<f64>()
-                / k;
-            let mut r_det_mean = 0.0;
+            let (mut r_inj, mut r_det_mean) = (0.0, 0.0);
             for (j, (d, conversation, transcript)) in e.detections.iter().enumerate() {
                 let r_det = reward::detector_reward(d, &truth, sites, w);
                 let r_inj_j = reward::injector_reward(Some(d), &truth, w);
@@ -702,6 +694,7 @@ impl Trainer {
                 });
                 log.push_str(&line.to_string());
                 log.push('\n');
+                r_inj += r_inj_j / k;
                 r_det_mean += r_det / k;
                 investigated += 1;
                 r_det_sum += r_det;
