@@ -296,8 +296,8 @@ pub fn update(
             p.advantages = a;
         }
     } else {
-        // Group-relative: every token of an episode gets its episode's reward normalised
-        // within its group.
+        // Group-relative: every token of an episode gets its episode's reward centred within
+        // its group and scaled by the batch's spread.
         for (p, a) in prepared.iter_mut().zip(group_advantages(samples)) {
             p.advantages.iter_mut().for_each(|x| *x = a);
         }
