@@ -44,6 +44,80 @@ pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTrace
     Ok(SplitTraces { db, traces })
 }
 
+/// The id the `i`-th trace of a rekeyed split gets: the shape of the ids the training steps
+/// give their live traces (`t` and seven digits), so that the Detector is judged on, and
+/// learns from, ids of the one length it copies during PPO.
+pub fn short_id(i: usize) -> String {
+    format!("t{i:07}")
+}
+
+/// Copies `split`'s traces, spans and labels into a fresh store at `db` under [`short_id`]s
+/// (each label's `source` keeps the corpus's id as `corpus_trace_id`). Corpus ids are 32 hex
+/// digits, which the expert's probes repeat and a small model miscopies; the live traces of a
+/// training step are short. The store is built beside `db` and renamed over it, so an
+/// interrupted copy leaves no half-written store.
+pub fn rekey(split: &SplitTraces, db: &Path) -> Result<SplitTraces> {
+    let store_err =
+        |path: &Path, e: traces::Error| RlError::Environment(format!("{}: {e}", path.display()));
+    let source = traces::Store::open_read_only(&split.db).map_err(|e| store_err(&split.db, e))?;
+    let tmp = db.with_extension("sqlite.partial");
+    // A store left by an interrupted copy, or by an earlier run, with its WAL files.
+    for base in [&tmp, db] {
+        for suffix in ["", "-wal", "-shm"] {
+            let stale = PathBuf::from(format!("{}{suffix}", base.display()));
+            match std::fs::remove_file(&stale) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(RlError::io(&stale, e)),
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(split.traces.len());
+    {
+        let mut store = traces::Store::open(&tmp).map_err(|e| store_err(&tmp, e))?;
+        for (i, t) in split.traces.iter().enumerate() {
+            let id = short_id(i);
+            let spans = source
+                .spans(&t.trace_id)
+                .map_err(|e| store_err(&split.db, e))?
+                .into_iter()
+                .map(|mut s| {
+                    s.trace_id.clone_from(&id);
+                    s
+                });
+            store
+                .import_spans(spans, &format!("{} {}", split.db.display(), t.trace_id))
+                .map_err(|e| store_err(&tmp, e))?;
+            for mut label in source
+                .labels(&t.trace_id)
+                .map_err(|e| store_err(&split.db, e))?
+            {
+                label.trace_id.clone_from(&id);
+                if !label.source.is_object() {
+                    let old = std::mem::take(&mut label.source);
+                    label.source = match old {
+                        serde_json::Value::Null => serde_json::json!({}),
+                        other => serde_json::json!({ "value": other }),
+                    };
+                }
+                if let Some(o) = label.source.as_object_mut() {
+                    o.insert("corpus_trace_id".into(), t.trace_id.clone().into());
+                }
+                store.put_label(&label).map_err(|e| store_err(&tmp, e))?;
+            }
+            out.push(Labelled {
+                trace_id: id,
+                ..t.clone()
+            });
+        }
+    }
+    std::fs::rename(&tmp, db).map_err(|e| RlError::io(db, e))?;
+    Ok(SplitTraces {
+        db: db.to_path_buf(),
+        traces: out,
+    })
+}
+
 /// Reorders traces round-robin over their agents (in order of first appearance), keeping each
 /// agent's own order: the first N of the result cover every agent as evenly as N allows.
 pub fn interleave(traces: Vec<Labelled>) -> Vec<Labelled> {
@@ -173,6 +247,61 @@ mod tests {
             },
             agent: Some(agent.into()),
         }
+    }
+
+    #[test]
+    fn rekey_copies_spans_and_labels_under_short_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("corpus.sqlite");
+        let long = [
+            "0123456789abcdef0123456789abcdef",
+            "fedcba9876543210fedcba9876543210",
+        ];
+        {
+            let mut store = traces::Store::open(&db).unwrap();
+            for (n, id) in long.iter().enumerate() {
+                let mut root = traces::Span::new(*id, "s1", "agent", traces::SpanKind::Agent);
+                root.output = Some(format!("answer {n}"));
+                let mut call = traces::Span::new(*id, "s2", "search", traces::SpanKind::Tool);
+                call.parent_span_id = Some("s1".into());
+                call.error_message = Some("HTTP 400".into());
+                store.import_spans([root, call], "test").unwrap();
+                let mut label = traces::Label::new(*id);
+                label.deficiency_id = Some(format!("P{}", n + 1));
+                label.source = serde_json::json!({"agent": "a", "episode": n});
+                store.put_label(&label).unwrap();
+            }
+        }
+        let split = SplitTraces {
+            traces: store_eval::labelled_traces(&db, None).unwrap(),
+            db,
+        };
+        let out = dir.path().join("short.sqlite");
+        // A store left by an earlier run is replaced, not added to.
+        std::fs::write(&out, b"stale").unwrap();
+        let short = rekey(&split, &out).unwrap();
+        assert_eq!(short.db, out);
+        let ids: Vec<&str> = short.traces.iter().map(|t| t.trace_id.as_str()).collect();
+        assert_eq!(ids, ["t0000000", "t0000001"]);
+        assert_eq!(short.traces[1].truth.deficiency_id, "P2");
+        assert_eq!(short.traces[1].agent.as_deref(), Some("a"));
+
+        let store = traces::Store::open_read_only(&out).unwrap();
+        assert_eq!(store.trace_ids().unwrap(), ["t0000000", "t0000001"]);
+        let spans = store.spans("t0000001").unwrap();
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].output.as_deref(), Some("answer 1"));
+        assert_eq!(spans[1].parent_span_id.as_deref(), Some("s1"));
+        assert_eq!(spans[1].error_message.as_deref(), Some("HTTP 400"));
+        let labels = store.labels("t0000001").unwrap();
+        assert_eq!(labels.len(), 1);
+        assert_eq!(labels[0].source["corpus_trace_id"], long[1]);
+        assert_eq!(labels[0].source["episode"], 1);
+        // Labelled traces read from the new store are the ones rekey returned.
+        let again = store_eval::labelled_traces(&out, None).unwrap();
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[0].trace_id, "t0000000");
+        assert!(!dir.path().join("short.sqlite.partial").exists());
     }
 
     #[test]

@@ -276,12 +276,12 @@ impl Trainer {
             return Ok(None);
         }
         let corpus = self.options.root.join(&self.config.eval.corpus);
-        evaluate::split_traces(
+        let split = evaluate::split_traces(
             &corpus,
             &self.config.eval.split,
             self.config.eval.max_traces,
-        )
-        .map(Some)
+        )?;
+        evaluate::rekey(&split, &self.options.run_dir.join("held-out.sqlite")).map(Some)
     }
 
     /// Evaluates the Detector on the held-out split and appends the result to `eval.jsonl`.
@@ -336,6 +336,7 @@ impl Trainer {
     fn warm_start(&mut self) -> Result<()> {
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let split = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
+        let split = evaluate::rekey(&split, &self.options.run_dir.join("demonstrations.sqlite"))?;
         let bar = self.bar(
             split.traces.len() as u64,
             "expert {bar:30} {pos}/{len} demonstrations",
