@@ -61,17 +61,9 @@ pub fn rekey(split: &SplitTraces, db: &Path) -> Result<SplitTraces> {
         |path: &Path, e: traces::Error| RlError::Environment(format!("{}: {e}", path.display()));
     let source = traces::Store::open_read_only(&split.db).map_err(|e| store_err(&split.db, e))?;
     let tmp = db.with_extension("sqlite.partial");
-    // A store left by an interrupted copy, or by an earlier run, with its WAL files.
-    for base in [&tmp, db] {
-        for suffix in ["", "-wal", "-shm"] {
-            let stale = PathBuf::from(format!("{}{suffix}", base.display()));
-            match std::fs::remove_file(&stale) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(RlError::io(&stale, e)),
-            }
-        }
-    }
+    // A store left by an interrupted copy, or by an earlier run.
+    remove_store(&tmp)?;
+    remove_store(db)?;
     let mut out = Vec::with_capacity(split.traces.len());
     {
         let mut store = traces::Store::open(&tmp).map_err(|e| store_err(&tmp, e))?;
@@ -93,16 +85,13 @@ pub fn rekey(split: &SplitTraces, db: &Path) -> Result<SplitTraces> {
                 .map_err(|e| store_err(&split.db, e))?
             {
                 label.trace_id.clone_from(&id);
-                if !label.source.is_object() {
-                    let old = std::mem::take(&mut label.source);
-                    label.source = match old {
-                        serde_json::Value::Null => serde_json::json!({}),
-                        other => serde_json::json!({ "value": other }),
-                    };
-                }
-                if let Some(o) = label.source.as_object_mut() {
-                    o.insert("corpus_trace_id".into(), t.trace_id.clone().into());
-                }
+                let mut source = match std::mem::take(&mut label.source) {
+                    serde_json::Value::Object(o) => o,
+                    serde_json::Value::Null => serde_json::Map::new(),
+                    other => serde_json::Map::from_iter([("value".to_owned(), other)]),
+                };
+                source.insert("corpus_trace_id".into(), t.trace_id.clone().into());
+                label.source = source.into();
                 store.put_label(&label).map_err(|e| store_err(&tmp, e))?;
             }
             out.push(Labelled {
@@ -116,6 +105,19 @@ pub fn rekey(split: &SplitTraces, db: &Path) -> Result<SplitTraces> {
         db: db.to_path_buf(),
         traces: out,
     })
+}
+
+/// Removes the SQLite store at `path` with its WAL files, those that exist.
+pub(crate) fn remove_store(path: &Path) -> Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", path.display()));
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RlError::io(&p, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Reorders traces round-robin over their agents (in order of first appearance), keeping each

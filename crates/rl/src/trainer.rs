@@ -560,12 +560,7 @@ impl Trainer {
         let stores = self.options.run_dir.join("live").join("stores");
         std::fs::create_dir_all(&stores).map_err(|e| RlError::io(&stores, e))?;
         let store_path = stores.join(format!("step-{step}.sqlite"));
-        for suffix in ["", "-wal", "-shm"] {
-            let p = PathBuf::from(format!("{}{suffix}", store_path.display()));
-            if p.exists() {
-                std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
-            }
-        }
+        evaluate::remove_store(&store_path)?;
         let mut store = traces::Store::open(&store_path)
             .map_err(|e| RlError::Environment(format!("{}: {e}", store_path.display())))?;
         let detector = detect::Detector::new(
