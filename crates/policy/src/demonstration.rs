@@ -10,10 +10,22 @@ use crate::grammar::ActionGrammar;
 use crate::prompt;
 use crate::Result;
 
+/// The answer a demonstration ends in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoAnswer<'a> {
+    /// The expert's own verdict, right or wrong.
+    Expert,
+    /// The trace's label (deficiency id, component): the expert's probes, then the true answer.
+    /// The scripted expert names the right type for a minority of traces, and a warm start that
+    /// copies its answers learns its mistakes along with its tool use.
+    Label(&'a str, &'a str),
+}
+
 /// The learned Detector's conversation for `transcript`, keeping at most `max_probes` tool
 /// calls before the answer. History and delegation turns are dropped (the learned policy has
 /// neither tool), and so are turns whose observation was refused or malformed. `None` when the
-/// transcript has no answer the grammar can write.
+/// answer (see [`DemoAnswer`]) is missing or not one the grammar can write.
+#[allow(clippy::too_many_arguments)]
 pub fn demonstration(
     tokenizer: &ChatTokenizer,
     format: ChatFormat,
@@ -22,14 +34,30 @@ pub fn demonstration(
     chatlog: bool,
     max_probes: usize,
     observation_chars: usize,
+    answer: DemoAnswer<'_>,
 ) -> Result<Option<Conversation>> {
-    let Some(Verdict::Deficiency {
-        deficiency_id,
-        component,
-        evidence,
-    }) = transcript.verdict()
-    else {
-        return Ok(None);
+    let verdict = match transcript.verdict() {
+        Some(Verdict::Deficiency {
+            deficiency_id,
+            component,
+            evidence,
+        }) => Some((
+            deficiency_id.as_str(),
+            component.as_str(),
+            evidence.as_str(),
+        )),
+        _ => None,
+    };
+    // The expert's evidence argues for its own answer; a label it missed gets none.
+    let (deficiency_id, component, evidence) = match (answer, verdict) {
+        (DemoAnswer::Expert, Some(v)) => v,
+        (DemoAnswer::Expert, None) => return Ok(None),
+        (DemoAnswer::Label(id, component), Some((vid, vcomp, evidence)))
+            if (vid, vcomp) == (id, component) =>
+        {
+            (id, component, evidence)
+        }
+        (DemoAnswer::Label(id, component), _) => (id, component, ""),
     };
     let Some(answer) = grammar.answer_tokens(tokenizer, deficiency_id, component)? else {
         return Ok(None);
@@ -72,7 +100,10 @@ pub fn demonstration(
     }
     let mut reply = grammar.head_tokens(tokenizer, "answer")?;
     reply.extend(answer);
-    reply.extend(tokenizer.encode(&format!(" {}", one_line(evidence)), false)?);
+    let evidence = one_line(evidence);
+    if !evidence.is_empty() {
+        reply.extend(tokenizer.encode(&format!(" {evidence}"), false)?);
+    }
     reply.push(format.im_end);
     c.open_reply(tokenizer)?;
     let allowed = grammar.allowed_sets(&reply);

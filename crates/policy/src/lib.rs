@@ -27,7 +27,7 @@ pub mod injector;
 pub mod prompt;
 
 pub use chat::{ChatFormat, Conversation};
-pub use demonstration::demonstration;
+pub use demonstration::{demonstration, DemoAnswer};
 pub use detector::{DetectorOptions, LearnedDetector, PolicyModel, SharedModel};
 pub use grammar::{ActionGrammar, ChoiceGrammar, TokenTrie};
 pub use injector::{

@@ -11,8 +11,8 @@ use detect::policies::ExpertPolicy;
 use detect::{action, Detector};
 use model::{Arch, DType, Device, Model};
 use policy::{
-    choose_injection, demonstration, ActionGrammar, ChatFormat, Conversation, DetectorOptions,
-    InjectionOption, LearnedDetector, PolicyModel, SharedModel,
+    choose_injection, demonstration, ActionGrammar, ChatFormat, Conversation, DemoAnswer,
+    DetectorOptions, InjectionOption, LearnedDetector, PolicyModel, SharedModel,
 };
 
 fn tiny_model(seed: u64) -> PolicyModel {
@@ -157,9 +157,18 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         .unwrap()
         .investigate(trace_id, Box::new(ExpertPolicy::new()))
         .unwrap();
-    let demo = demonstration(&pm.tokenizer, pm.format, &grammar, &expert, false, 2, 200)
-        .unwrap()
-        .unwrap_or_else(|| panic!("no demonstration from {:?}", expert.outcome));
+    let demo = demonstration(
+        &pm.tokenizer,
+        pm.format,
+        &grammar,
+        &expert,
+        false,
+        2,
+        200,
+        DemoAnswer::Expert,
+    )
+    .unwrap()
+    .unwrap_or_else(|| panic!("no demonstration from {:?}", expert.outcome));
     demo.check().unwrap();
     let text = pm.tokenizer.decode(&demo.tokens, false).unwrap();
     let verdict = expert.verdict().unwrap().render();
@@ -172,6 +181,59 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         3,
         "two probes and the answer"
     );
+
+    // The same probes ending in a label the expert did not give: the label's answer, with no
+    // evidence (the expert's argues for its own answer).
+    let Some(detect::Verdict::Deficiency {
+        deficiency_id,
+        component,
+        evidence,
+    }) = expert.verdict()
+    else {
+        panic!("the expert gave no deficiency")
+    };
+    let other = catalog()
+        .deficiencies()
+        .iter()
+        .find(|d| d.id != *deficiency_id)
+        .unwrap()
+        .id
+        .clone();
+    let labelled = demonstration(
+        &pm.tokenizer,
+        pm.format,
+        &grammar,
+        &expert,
+        false,
+        2,
+        200,
+        DemoAnswer::Label(&other, component),
+    )
+    .unwrap()
+    .expect("a label the grammar can write");
+    labelled.check().unwrap();
+    let labelled_text = pm.tokenizer.decode(&labelled.tokens, false).unwrap();
+    let (probes, answer) = labelled_text.rsplit_once("<|im_start|>assistant").unwrap();
+    let (expert_probes, _) = text.rsplit_once("<|im_start|>assistant").unwrap();
+    assert_eq!(probes, expert_probes, "the expert's probes are kept");
+    assert!(
+        answer.contains(&format!("{other} {component} |")),
+        "{answer:?}"
+    );
+    assert!(!evidence.is_empty() && !answer.contains(evidence.as_str()));
+    // A label outside the grammar gives no demonstration.
+    assert!(demonstration(
+        &pm.tokenizer,
+        pm.format,
+        &grammar,
+        &expert,
+        false,
+        2,
+        200,
+        DemoAnswer::Label("P999", component),
+    )
+    .unwrap()
+    .is_none());
 }
 
 #[test]

@@ -176,6 +176,10 @@ pub struct RewardWeights {
     pub gamma: f64,
     /// Tool calls at which efficiency reaches 0.
     pub max_calls: usize,
+    /// Efficiency counts only for a correct type. Off, as the paper writes equation (1); on,
+    /// a Detector that detects nothing yet is not taught merely to stop early (the only part
+    /// of R_det its samples could otherwise change).
+    pub efficiency_needs_detection: bool,
     /// Localisation credit for naming a component whose sites include the injected function,
     /// only its file, or only the injected component.
     pub loc_function: f64,
@@ -199,6 +203,7 @@ impl Default for RewardWeights {
             beta: 0.5,
             gamma: 0.2,
             max_calls: 10,
+            efficiency_needs_detection: false,
             loc_function: 1.0,
             loc_file: 0.6,
             loc_component: 0.3,
@@ -294,6 +299,9 @@ pub struct SftConfig {
     pub max_probes: usize,
     /// Train-split traces used (0: all).
     pub max_examples: usize,
+    /// Demonstrations end in the trace's label (the expert's probes, then the true answer);
+    /// otherwise in the expert's own verdict, right or wrong.
+    pub label_answers: bool,
 }
 
 impl Default for SftConfig {
@@ -303,6 +311,7 @@ impl Default for SftConfig {
             lr: 2e-4,
             max_probes: 3,
             max_examples: 0,
+            label_answers: true,
         }
     }
 }

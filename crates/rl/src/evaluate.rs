@@ -8,7 +8,9 @@ use std::sync::Arc;
 use detect::policies::ExpertPolicy;
 use detect::{Ablations, Config, Detector};
 use eval::store_eval::{self, Labelled};
-use policy::{ActionGrammar, Conversation, DetectorOptions, LearnedDetector, SharedModel};
+use policy::{
+    ActionGrammar, Conversation, DemoAnswer, DetectorOptions, LearnedDetector, SharedModel,
+};
 
 use crate::{Result, RlError};
 
@@ -24,15 +26,18 @@ pub struct SplitTraces {
 }
 
 /// Reads `corpus/splits/SPLIT.jsonl` against `corpus/store.sqlite`; at most `max` traces
-/// (0: all). A split lists its records agent by agent, so a plain prefix of it would hold one
-/// agent's traces only; a bounded selection takes the agents in turn instead ([`interleave`]).
+/// (0: all). A split lists its records type by type and agent by agent, so a plain prefix of
+/// it would hold a few types of one agent; a bounded selection takes the deficiency types in
+/// turn, and within a type the agents in turn ([`interleave`]).
 pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTraces> {
     let db = corpus.join("store.sqlite");
     let ids = store_eval::read_split(&corpus.join("splits").join(format!("{split}.jsonl")))
         .map_err(eval_err)?;
     let mut traces = store_eval::labelled_traces(&db, Some(&ids)).map_err(eval_err)?;
     if max > 0 && traces.len() > max {
-        traces = interleave(traces);
+        traces = interleave(interleave(traces, |t| t.agent.clone()), |t| {
+            t.truth.deficiency_id.clone()
+        });
         traces.truncate(max);
     }
     if traces.is_empty() {
@@ -120,14 +125,19 @@ pub(crate) fn remove_store(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Reorders traces round-robin over their agents (in order of first appearance), keeping each
-/// agent's own order: the first N of the result cover every agent as evenly as N allows.
-pub fn interleave(traces: Vec<Labelled>) -> Vec<Labelled> {
-    let mut queues: Vec<(Option<String>, std::collections::VecDeque<Labelled>)> = Vec::new();
+/// Reorders traces round-robin over the values of `key` (in order of first appearance),
+/// keeping each value's own order: the first N of the result cover every value as evenly as N
+/// allows.
+pub fn interleave<K: PartialEq>(
+    traces: Vec<Labelled>,
+    key: impl Fn(&Labelled) -> K,
+) -> Vec<Labelled> {
+    let mut queues: Vec<(K, std::collections::VecDeque<Labelled>)> = Vec::new();
     for t in traces {
-        match queues.iter_mut().find(|(agent, _)| *agent == t.agent) {
+        let k = key(&t);
+        match queues.iter_mut().find(|(q, _)| *q == k) {
             Some((_, queue)) => queue.push_back(t),
-            None => queues.push((t.agent.clone(), [t].into())),
+            None => queues.push((k, [t].into())),
         }
     }
     let mut out = Vec::new();
@@ -201,7 +211,9 @@ pub fn evaluate(
     })
 }
 
-/// The expert's investigations of `split`, rewritten as the learned Detector's conversations.
+/// The expert's investigations of `split`, rewritten as the learned Detector's conversations;
+/// with `labels`, each ends in the trace's labelled answer instead of the expert's (a label
+/// without a component gives no demonstration).
 #[allow(clippy::too_many_arguments)]
 pub fn demonstrations(
     shared: &SharedModel,
@@ -209,6 +221,7 @@ pub fn demonstrations(
     split: &SplitTraces,
     max_probes: usize,
     observation_chars: usize,
+    labels: bool,
     mut on_done: impl FnMut(usize),
 ) -> Result<Vec<Conversation>> {
     let detector = Detector::new(split.db.clone(), Config::default(), false).map_err(eval_err)?;
@@ -217,6 +230,14 @@ pub fn demonstrations(
         let transcript = detector
             .investigate(&t.trace_id, Box::new(ExpertPolicy::new()))
             .map_err(eval_err)?;
+        let answer = match (labels, t.truth.component.as_deref()) {
+            (false, _) => DemoAnswer::Expert,
+            (true, Some(component)) => DemoAnswer::Label(&t.truth.deficiency_id, component),
+            (true, None) => {
+                on_done(i + 1);
+                continue;
+            }
+        };
         let pm = shared.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = policy::demonstration(
             &pm.tokenizer,
@@ -226,6 +247,7 @@ pub fn demonstrations(
             false,
             max_probes,
             observation_chars,
+            answer,
         )? {
             out.push(c);
         }
@@ -316,7 +338,37 @@ mod tests {
             labelled("c", "c1"),
             labelled("c", "c2"),
         ];
-        let ids: Vec<String> = interleave(input).into_iter().map(|t| t.trace_id).collect();
+        let ids: Vec<String> = interleave(input, |t| t.agent.clone())
+            .into_iter()
+            .map(|t| t.trace_id)
+            .collect();
         assert_eq!(ids, ["a1", "b1", "c1", "a2", "c2", "a3"]);
+    }
+
+    #[test]
+    fn a_bounded_selection_covers_types_first_then_agents() {
+        let typed = |ty: &str, agent: &str, id: &str| Labelled {
+            truth: eval::metrics::Truth {
+                deficiency_id: ty.into(),
+                ..labelled(agent, id).truth
+            },
+            ..labelled(agent, id)
+        };
+        // A split's order: type by type, agent by agent within a type.
+        let input = vec![
+            typed("P1", "a", "1a1"),
+            typed("P1", "a", "1a2"),
+            typed("P1", "b", "1b1"),
+            typed("P2", "a", "2a1"),
+            typed("P3", "b", "3b1"),
+            typed("P3", "b", "3b2"),
+        ];
+        let by_agent = interleave(input, |t| t.agent.clone());
+        let ids: Vec<String> = interleave(by_agent, |t| t.truth.deficiency_id.clone())
+            .into_iter()
+            .map(|t| t.trace_id)
+            .collect();
+        // Every type before any repeats; within P1 the second pick is the other agent.
+        assert_eq!(ids, ["1a1", "3b1", "2a1", "1b1", "3b2", "1a2"]);
     }
 }

@@ -72,12 +72,17 @@ pub fn efficiency(tool_calls: usize, w: &RewardWeights) -> f64 {
     1.0 - (tool_calls.min(w.max_calls) as f64 / w.max_calls as f64)
 }
 
-/// Equation (1).
+/// Equation (1); with `efficiency_needs_detection`, the γ term only for a correct type.
 pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
     let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
+    let efficient = if w.efficiency_needs_detection && !correct {
+        0.0
+    } else {
+        efficiency(d.tool_calls, w)
+    };
     w.alpha * f64::from(u8::from(correct))
         + w.beta * loc_score(d.component.as_deref(), truth, sites, w)
-        + w.gamma * efficiency(d.tool_calls, w)
+        + w.gamma * efficient
 }
 
 /// Equation (2); `None` detection means the injection failed validation.
@@ -158,6 +163,27 @@ mod tests {
         };
         assert_eq!(detector_reward(&wrong, &truth(), &sites(), &w), 0.0);
         assert_eq!(efficiency(0, &w), 1.0);
+    }
+
+    #[test]
+    fn gated_efficiency_counts_only_for_a_correct_type() {
+        let w = RewardWeights {
+            efficiency_needs_detection: true,
+            ..RewardWeights::default()
+        };
+        let quick = |id: &str| Detection {
+            deficiency: Some(id.into()),
+            component: Some("tools.schema".into()),
+            tool_calls: 1,
+        };
+        // A wrong type keeps its localisation credit but earns nothing for stopping early.
+        let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &w);
+        assert!((wrong - 0.5 * 1.0).abs() < 1e-12, "{wrong}");
+        let right = detector_reward(&quick("P16"), &truth(), &sites(), &w);
+        assert!((right - (1.0 + 0.5 + 0.2 * 0.9)).abs() < 1e-12, "{right}");
+        let ungated = RewardWeights::default();
+        let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &ungated);
+        assert!((wrong - (0.5 + 0.2 * 0.9)).abs() < 1e-12, "{wrong}");
     }
 
     #[test]

@@ -347,9 +347,16 @@ impl Trainer {
             &split,
             self.config.sft.max_probes,
             self.config.detector.observation_chars,
+            self.config.sft.label_answers,
             |i| bar.set_position(i as u64),
         )?;
         bar.finish_and_clear();
+        tracing::info!(
+            demonstrations = demos.len(),
+            traces = split.traces.len(),
+            label_answers = self.config.sft.label_answers,
+            "warm start"
+        );
         if demos.is_empty() {
             return Err(RlError::Environment(format!(
                 "{}: the expert's train-split investigations gave no demonstration the grammar can write",
