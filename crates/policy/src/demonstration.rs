@@ -10,6 +10,10 @@ use crate::grammar::ActionGrammar;
 use crate::prompt;
 use crate::Result;
 
+/// The evidence of a labelled answer the expert did not reach: short, since every generated
+/// token costs a forward pass, and true of any investigation that ran probes.
+const LABEL_EVIDENCE: &str = "the rows the calls above returned";
+
 /// The answer a demonstration ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DemoAnswer<'a> {
@@ -48,7 +52,8 @@ pub fn demonstration(
         )),
         _ => None,
     };
-    // The expert's evidence argues for its own answer; a label it missed gets none.
+    // The expert's evidence argues for its own answer; a label it missed points at the rows
+    // the probes returned instead (a verdict without evidence does not parse).
     let (deficiency_id, component, evidence) = match (answer, verdict) {
         (DemoAnswer::Expert, Some(v)) => v,
         (DemoAnswer::Expert, None) => return Ok(None),
@@ -57,7 +62,7 @@ pub fn demonstration(
         {
             (id, component, evidence)
         }
-        (DemoAnswer::Label(id, component), _) => (id, component, ""),
+        (DemoAnswer::Label(id, component), _) => (id, component, LABEL_EVIDENCE),
     };
     let Some(answer) = grammar.answer_tokens(tokenizer, deficiency_id, component)? else {
         return Ok(None);
@@ -100,10 +105,11 @@ pub fn demonstration(
     }
     let mut reply = grammar.head_tokens(tokenizer, "answer")?;
     reply.extend(answer);
-    let evidence = one_line(evidence);
-    if !evidence.is_empty() {
-        reply.extend(tokenizer.encode(&format!(" {evidence}"), false)?);
-    }
+    let evidence = match one_line(evidence) {
+        e if e.is_empty() => LABEL_EVIDENCE.to_owned(),
+        e => e,
+    };
+    reply.extend(tokenizer.encode(&format!(" {evidence}"), false)?);
     reply.push(format.im_end);
     c.open_reply(tokenizer)?;
     let allowed = grammar.allowed_sets(&reply);

@@ -221,6 +221,27 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         "{answer:?}"
     );
     assert!(!evidence.is_empty() && !answer.contains(evidence.as_str()));
+    // The labelled answer is one the Detector's environment accepts (evidence included).
+    let reply = answer
+        .trim_start_matches('\n')
+        .split("<|im_end|>")
+        .next()
+        .unwrap();
+    let turn = action::parse(reply).unwrap_or_else(|e| panic!("{reply:?}: {e}"));
+    let action::Action::Answer { text: verdict } = &turn.action else {
+        panic!("{reply:?} is not an answer")
+    };
+    match action::parse_verdict(verdict, &catalog()).unwrap() {
+        detect::Verdict::Deficiency {
+            deficiency_id,
+            component: c,
+            ..
+        } => assert_eq!(
+            (deficiency_id.as_str(), c.as_str()),
+            (other.as_str(), component.as_str())
+        ),
+        v => panic!("{v:?}"),
+    }
     // A label outside the grammar gives no demonstration.
     assert!(demonstration(
         &pm.tokenizer,
