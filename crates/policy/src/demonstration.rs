@@ -52,8 +52,7 @@ pub fn demonstration(
         )),
         _ => None,
     };
-    // The expert's evidence argues for its own answer; a label it missed points at the rows
-    // the probes returned instead (a verdict without evidence does not parse).
+    // The expert's evidence argues for its own answer; a label it missed gets none of it.
     let (deficiency_id, component, evidence) = match (answer, verdict) {
         (DemoAnswer::Expert, Some(v)) => v,
         (DemoAnswer::Expert, None) => return Ok(None),
@@ -62,7 +61,7 @@ pub fn demonstration(
         {
             (id, component, evidence)
         }
-        (DemoAnswer::Label(id, component), _) => (id, component, LABEL_EVIDENCE),
+        (DemoAnswer::Label(id, component), _) => (id, component, ""),
     };
     let Some(answer) = grammar.answer_tokens(tokenizer, deficiency_id, component)? else {
         return Ok(None);
@@ -105,6 +104,8 @@ pub fn demonstration(
     }
     let mut reply = grammar.head_tokens(tokenizer, "answer")?;
     reply.extend(answer);
+    // A verdict without evidence does not parse; an answer without its own points at the rows
+    // the probes returned.
     let evidence = match one_line(evidence) {
         e if e.is_empty() => LABEL_EVIDENCE.to_owned(),
         e => e,
