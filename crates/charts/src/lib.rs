@@ -51,6 +51,8 @@ pub struct LineChart {
     pub x_label: String,
     pub y_label: String,
     pub series: Vec<Series>,
+    /// Fixed y bounds (an accuracy's 0 to 1); `None` fits the data.
+    pub y_range: Option<(f64, f64)>,
 }
 
 /// One bar with an optional interval drawn as a whisker (e.g. a bootstrap 95% CI).
@@ -200,10 +202,12 @@ pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
         fold(f64::min, f64::INFINITY, |p| p.0),
         fold(f64::max, f64::NEG_INFINITY, |p| p.0),
     );
-    let y = padded(
-        fold(f64::min, f64::INFINITY, |p| p.1),
-        fold(f64::max, f64::NEG_INFINITY, |p| p.1),
-    );
+    let y = chart.y_range.unwrap_or_else(|| {
+        padded(
+            fold(f64::min, f64::INFINITY, |p| p.1),
+            fold(f64::max, f64::NEG_INFINITY, |p| p.1),
+        )
+    });
     let err = draw_error(path);
     let mut pixels = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
     {
@@ -391,6 +395,7 @@ mod tests {
             title: "reward".into(),
             x_label: "step".into(),
             y_label: "mean reward".into(),
+            y_range: None,
             series: vec![
                 Series {
                     name: "injector".into(),
@@ -448,6 +453,7 @@ mod tests {
             title: "KL to the base model".into(),
             x_label: "step".into(),
             y_label: "nats".into(),
+            y_range: None,
             series: vec![Series {
                 name: "kl".into(),
                 points: vec![(0.0, f64::NAN)],

@@ -65,6 +65,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
             x_label: "PPO step (0 = after the warm start)".into(),
             y_label: "detection accuracy".into(),
             series,
+            y_range: Some((0.0, 1.0)),
         };
         if let Err(e) = charts::line_chart(&out.join("held_out.png"), &chart) {
             eprintln!("held-out chart skipped: {e}");
@@ -112,6 +113,7 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
         x_label: "PPO step".into(),
         y_label: y.into(),
         series,
+        y_range: None,
     };
     let held_out = Series {
         name: "held-out detection".into(),
@@ -220,6 +222,7 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
             x_label: "update".into(),
             y_label: "nats per token".into(),
             series: vec![sft, sft_kl],
+            y_range: None,
         },
     ));
     all.into_iter()
