@@ -157,18 +157,21 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         .unwrap()
         .investigate(trace_id, Box::new(ExpertPolicy::new()))
         .unwrap();
-    let demo = demonstration(
-        &pm.tokenizer,
-        pm.format,
-        &grammar,
-        &expert,
-        false,
-        2,
-        200,
-        DemoAnswer::Expert,
-    )
-    .unwrap()
-    .unwrap_or_else(|| panic!("no demonstration from {:?}", expert.outcome));
+    let demo_ending_in = |answer| {
+        demonstration(
+            &pm.tokenizer,
+            pm.format,
+            &grammar,
+            &expert,
+            false,
+            2,
+            200,
+            answer,
+        )
+        .unwrap()
+    };
+    let demo = demo_ending_in(DemoAnswer::Expert)
+        .unwrap_or_else(|| panic!("no demonstration from {:?}", expert.outcome));
     demo.check().unwrap();
     let text = pm.tokenizer.decode(&demo.tokens, false).unwrap();
     let verdict = expert.verdict().unwrap().render();
@@ -182,8 +185,8 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         "two probes and the answer"
     );
 
-    // The same probes ending in a label the expert did not give: the label's answer, with no
-    // evidence (the expert's argues for its own answer).
+    // The same probes ending in a label the expert did not give: the label's answer, without
+    // the expert's evidence (which argues for its own answer).
     let Some(detect::Verdict::Deficiency {
         deficiency_id,
         component,
@@ -199,18 +202,8 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         .unwrap()
         .id
         .clone();
-    let labelled = demonstration(
-        &pm.tokenizer,
-        pm.format,
-        &grammar,
-        &expert,
-        false,
-        2,
-        200,
-        DemoAnswer::Label(&other, component),
-    )
-    .unwrap()
-    .expect("a label the grammar can write");
+    let labelled = demo_ending_in(DemoAnswer::Label(&other, component))
+        .expect("a label the grammar can write");
     labelled.check().unwrap();
     let labelled_text = pm.tokenizer.decode(&labelled.tokens, false).unwrap();
     let (probes, answer) = labelled_text.rsplit_once("<|im_start|>assistant").unwrap();
@@ -243,18 +236,7 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
         v => panic!("{v:?}"),
     }
     // A label outside the grammar gives no demonstration.
-    assert!(demonstration(
-        &pm.tokenizer,
-        pm.format,
-        &grammar,
-        &expert,
-        false,
-        2,
-        200,
-        DemoAnswer::Label("P999", component),
-    )
-    .unwrap()
-    .is_none());
+    assert!(demo_ending_in(DemoAnswer::Label("P999", component)).is_none());
 }
 
 #[test]

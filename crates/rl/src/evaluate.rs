@@ -227,9 +227,6 @@ pub fn demonstrations(
     let detector = Detector::new(split.db.clone(), Config::default(), false).map_err(eval_err)?;
     let mut out = Vec::new();
     for (i, t) in split.traces.iter().enumerate() {
-        let transcript = detector
-            .investigate(&t.trace_id, Box::new(ExpertPolicy::new()))
-            .map_err(eval_err)?;
         let answer = match (labels, t.truth.component.as_deref()) {
             (false, _) => DemoAnswer::Expert,
             (true, Some(component)) => DemoAnswer::Label(&t.truth.deficiency_id, component),
@@ -238,6 +235,9 @@ pub fn demonstrations(
                 continue;
             }
         };
+        let transcript = detector
+            .investigate(&t.trace_id, Box::new(ExpertPolicy::new()))
+            .map_err(eval_err)?;
         let pm = shared.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = policy::demonstration(
             &pm.tokenizer,
