@@ -127,6 +127,10 @@ pub enum InjectorMode {
 pub struct InjectorSection {
     pub mode: InjectorMode,
     pub max_diff_tokens: usize,
+    /// Offer only the (agent, type, variant) combinations that validated in the `[eval]`
+    /// corpus (`rl::environment::CorpusPrior`). The held-out split's combinations are never
+    /// offered, whatever this says.
+    pub validated_only: bool,
 }
 
 impl Default for InjectorSection {
@@ -134,6 +138,7 @@ impl Default for InjectorSection {
         InjectorSection {
             mode: InjectorMode::Choice,
             max_diff_tokens: 512,
+            validated_only: false,
         }
     }
 }
@@ -180,6 +185,10 @@ pub struct RewardWeights {
     /// a Detector that detects nothing yet is not taught merely to stop early (the only part
     /// of R_det its samples could otherwise change).
     pub efficiency_needs_detection: bool,
+    /// Localisation credit counts only for a correct type. Off, as equation (1) has it; on, a
+    /// Detector that names the wrong type is not paid for a component it names often, which is
+    /// how a few PPO steps otherwise sharpen one answer for every trace.
+    pub localisation_needs_detection: bool,
     /// Localisation credit for naming a component whose sites include the injected function,
     /// only its file, or only the injected component.
     pub loc_function: f64,
@@ -204,6 +213,7 @@ impl Default for RewardWeights {
             gamma: 0.2,
             max_calls: 10,
             efficiency_needs_detection: false,
+            localisation_needs_detection: false,
             loc_function: 1.0,
             loc_file: 0.6,
             loc_component: 0.3,
@@ -302,6 +312,9 @@ pub struct SftConfig {
     /// Demonstrations end in the trace's label (the expert's probes, then the true answer);
     /// otherwise in the expert's own verdict, right or wrong.
     pub label_answers: bool,
+    /// Weight in the loss of the tokens the grammar leaves a choice (a reply's head, the
+    /// answer's type and component) against 1 for free text (`ppo::sft_step`). 1: plain NLL.
+    pub decision_weight: f64,
 }
 
 impl Default for SftConfig {
@@ -312,6 +325,7 @@ impl Default for SftConfig {
             max_probes: 3,
             max_examples: 0,
             label_answers: true,
+            decision_weight: 1.0,
         }
     }
 }
@@ -417,6 +431,9 @@ impl RunConfig {
         }
         if self.reward.max_calls == 0 {
             return bad("reward.max_calls", "must be at least 1");
+        }
+        if !(self.sft.decision_weight > 0.0 && self.sft.decision_weight.is_finite()) {
+            return bad("sft.decision_weight", "must be a positive number");
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! episode runner that applies, runs and validates an injection (`corpus::EpisodeRunner`, the
 //! same code that generates corpora), and the per-step trace store the Detector investigates.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,6 +30,81 @@ pub struct Environment {
     catalog: Catalog,
     agents: BTreeMap<String, AgentInfo>,
     runner: EpisodeRunner,
+    prior: CorpusPrior,
+}
+
+/// What a corpus tells the Injector's options. The held-out split's (agent, type, variant,
+/// task) combinations are never planted in training: the Detector would otherwise be trained
+/// on a held-out trace's twin. Optionally, only the (agent, type, variant) combinations that
+/// validated in the corpus are offered: an untrained Injector otherwise spends most of a step
+/// on injections that are known to fail validation and never reach the Detector.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CorpusPrior {
+    held_out: BTreeSet<(String, String, String, String)>,
+    /// `None`: no filter.
+    validated: Option<BTreeSet<(String, String, String)>>,
+}
+
+/// The fields of a `corpus.jsonl` record the prior reads.
+#[derive(serde::Deserialize)]
+struct RecordKey {
+    split: String,
+    agent: String,
+    task: String,
+    deficiency: String,
+    variant: String,
+}
+
+impl CorpusPrior {
+    /// Reads `CORPUS/corpus.jsonl` (one record per validated episode, with its split).
+    pub fn read(corpus: &Path, held_out_split: &str, validated_only: bool) -> Result<CorpusPrior> {
+        let path = corpus.join("corpus.jsonl");
+        let text = std::fs::read_to_string(&path).map_err(|e| RlError::io(&path, e))?;
+        let mut prior = CorpusPrior {
+            held_out: BTreeSet::new(),
+            validated: validated_only.then(BTreeSet::new),
+        };
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let r: RecordKey = serde_json::from_str(line).map_err(|e| {
+                RlError::Environment(format!("{}: line {}: {e}", path.display(), i + 1))
+            })?;
+            if let Some(v) = &mut prior.validated {
+                v.insert((r.agent.clone(), r.deficiency.clone(), r.variant.clone()));
+            }
+            if r.split == held_out_split {
+                prior
+                    .held_out
+                    .insert((r.agent, r.deficiency, r.variant, r.task));
+            }
+        }
+        Ok(prior)
+    }
+
+    /// Held-out combinations and, under the filter, validated ones.
+    pub fn counts(&self) -> (usize, Option<usize>) {
+        (
+            self.held_out.len(),
+            self.validated.as_ref().map(BTreeSet::len),
+        )
+    }
+
+    fn offers(&self, agent: &str, t: &Template) -> bool {
+        self.validated.as_ref().is_none_or(|v| {
+            v.contains(&(agent.to_owned(), t.deficiency.clone(), t.variant.clone()))
+        })
+    }
+
+    fn held_out(&self, agent: &str, t: &Template, task: &str) -> bool {
+        self.held_out.contains(&(
+            agent.to_owned(),
+            t.deficiency.clone(),
+            t.variant.clone(),
+            task.to_owned(),
+        ))
+    }
 }
 
 fn env_err(e: impl std::fmt::Display) -> RlError {
@@ -120,7 +195,31 @@ impl Environment {
             catalog,
             agents,
             runner,
+            prior: CorpusPrior::default(),
         })
+    }
+
+    /// Restricts the Injector's options by what a corpus knows (see [`CorpusPrior`]). An agent
+    /// left with no option is an error: its steps could plant nothing.
+    /// The prior in place before stays when this one is refused.
+    pub fn set_prior(&mut self, prior: CorpusPrior) -> Result<()> {
+        let before = std::mem::replace(&mut self.prior, prior);
+        let names: Vec<String> = self.agents.keys().cloned().collect();
+        for name in names {
+            if self.options(&name, false)?.is_empty() {
+                let validated = self.prior.validated.is_some();
+                self.prior = before;
+                return Err(RlError::Environment(format!(
+                    "agent {name}: no injection is left once the corpus's held-out combinations{} are taken out",
+                    if validated {
+                        " and those that never validated"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -134,13 +233,15 @@ impl Environment {
     }
 
     /// The injections the engine can apply to `agent`: one per template (with `editable`,
-    /// only templates that edit code, which a free-form diff can rewrite).
+    /// only templates that edit code, which a free-form diff can rewrite) that the corpus prior
+    /// offers and that has a task left outside the held-out split.
     pub fn options(&self, agent: &str, editable: bool) -> Result<Vec<InjectionOption>> {
-        Ok(self
-            .agent(agent)?
+        let info = self.agent(agent)?;
+        Ok(info
             .templates
             .iter()
             .filter(|t| !editable || !t.edits.is_empty())
+            .filter(|t| self.prior.offers(agent, t) && !self.tasks(agent, info, t).is_empty())
             .map(|t| InjectionOption {
                 deficiency: t.deficiency.clone(),
                 variant: t.variant.clone(),
@@ -159,8 +260,20 @@ impl Environment {
             })
     }
 
-    /// An episode for a chosen injection: a task the template names (its code path runs
-    /// there), else any task of the suite, picked by `pick`.
+    /// The tasks a template may run on: those it names (its code path runs there), else the
+    /// whole suite; never one that would repeat a held-out combination.
+    fn tasks<'a>(&self, agent: &str, info: &'a AgentInfo, t: &'a Template) -> Vec<&'a String> {
+        let pool: &[String] = if t.tasks.is_empty() {
+            &info.tasks
+        } else {
+            &t.tasks
+        };
+        pool.iter()
+            .filter(|task| !self.prior.held_out(agent, t, task))
+            .collect()
+    }
+
+    /// An episode for a chosen injection: one of its [`Environment::tasks`], picked by `pick`.
     pub fn plan(
         &self,
         id: &str,
@@ -170,11 +283,13 @@ impl Environment {
     ) -> Result<Planned> {
         let info = self.agent(agent)?;
         let template = self.template(agent, option)?;
-        let pool: &[String] = if template.tasks.is_empty() {
-            &info.tasks
-        } else {
-            &template.tasks
-        };
+        let pool = self.tasks(agent, info, template);
+        if pool.is_empty() {
+            return Err(RlError::Environment(format!(
+                "{agent}: {} has no task outside the held-out split",
+                option.text()
+            )));
+        }
         let task = pool[(pick % pool.len() as u64) as usize].clone();
         Ok(Planned {
             id: id.to_owned(),
@@ -254,4 +369,97 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
     label.source = serde_json::json!({"episode": m.id, "agent": m.agent, "task": m.task});
     store.put_label(&label).map_err(store_err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(split: &str, agent: &str, t: &Template, task: &str) -> String {
+        serde_json::json!({
+            "split": split, "trace_id": "x", "agent": agent, "task": task,
+            "deficiency": t.deficiency, "variant": t.variant,
+        })
+        .to_string()
+    }
+
+    fn pool(info: &AgentInfo, t: &Template) -> Vec<String> {
+        if t.tasks.is_empty() {
+            info.tasks.clone()
+        } else {
+            t.tasks.clone()
+        }
+    }
+
+    #[test]
+    fn the_corpus_prior_keeps_held_out_combinations_out_and_can_offer_only_validated_ones() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = tempfile::tempdir().unwrap();
+        let agent = "toolcaller";
+        let mut env = Environment::new(
+            &root,
+            &[agent.to_owned()],
+            &dir.path().join("live"),
+            0,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let info = env.agent(agent).unwrap().clone();
+        let all = env.options(agent, false).unwrap();
+        let option = |t: &Template| InjectionOption {
+            deficiency: t.deficiency.clone(),
+            variant: t.variant.clone(),
+        };
+        // `gone`: every task it may run on is held out. `partly`: all but its last task.
+        let gone = &info.templates[0];
+        let partly = info.templates[1..]
+            .iter()
+            .find(|t| pool(&info, t).len() >= 2)
+            .expect("a template that may run on two tasks");
+        let kept = pool(&info, partly).last().unwrap().clone();
+        let mut lines: Vec<String> = pool(&info, gone)
+            .iter()
+            .map(|task| record("test", agent, gone, task))
+            .collect();
+        lines.extend(
+            pool(&info, partly)
+                .iter()
+                .filter(|task| **task != kept)
+                .map(|task| record("test", agent, partly, task)),
+        );
+        lines.push(record("train", agent, partly, &kept));
+        let corpus = dir.path().join("corpus");
+        std::fs::create_dir_all(&corpus).unwrap();
+        std::fs::write(corpus.join("corpus.jsonl"), lines.join("\n")).unwrap();
+
+        env.set_prior(CorpusPrior::read(&corpus, "test", false).unwrap())
+            .unwrap();
+        let offered = env.options(agent, false).unwrap();
+        assert_eq!(offered.len(), all.len() - 1);
+        assert!(!offered.contains(&option(gone)) && offered.contains(&option(partly)));
+        for pick in 0..8 {
+            let planned = env.plan("p", agent, &option(partly), pick).unwrap();
+            assert_eq!(planned.task, kept, "pick {pick} planned a held-out task");
+        }
+        assert!(env.plan("p", agent, &option(gone), 0).is_err());
+
+        // Validated only: of the two combinations in the corpus, one is wholly held out.
+        env.set_prior(CorpusPrior::read(&corpus, "test", true).unwrap())
+            .unwrap();
+        assert_eq!(env.options(agent, false).unwrap(), vec![option(partly)]);
+
+        // Nothing left to plant is an error, and so is a corpus line that is not a record.
+        let only_gone: Vec<String> = pool(&info, gone)
+            .iter()
+            .map(|task| record("test", agent, gone, task))
+            .collect();
+        std::fs::write(corpus.join("corpus.jsonl"), only_gone.join("\n")).unwrap();
+        let err = env
+            .set_prior(CorpusPrior::read(&corpus, "test", true).unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("no injection is left"), "{err}");
+        std::fs::write(corpus.join("corpus.jsonl"), "{\"split\": \"test\"}\n").unwrap();
+        let err = CorpusPrior::read(&corpus, "test", false).unwrap_err();
+        assert!(err.to_string().contains("corpus.jsonl: line 1"), "{err}");
+    }
 }

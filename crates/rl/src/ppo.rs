@@ -381,38 +381,81 @@ pub struct SftStats {
     /// Mean negative log-likelihood per generated token.
     pub nll: f64,
     /// KL to the base model (adapters off) per generated token, the k3 estimate on the
-    /// demonstrations' tokens: how far the warm start has moved the policy so far.
-    pub kl: f64,
+    /// demonstrations' tokens: how far the warm start has moved the policy so far. `None` when
+    /// not measured (it costs a forward pass of every demonstration with the adapter off).
+    pub kl: Option<f64>,
 }
 
-/// Supervised warm start: one AdamW step of mean negative log-likelihood of the generated
-/// tokens of `batch` (teacher forcing on demonstrations). Returns the loss and the KL to the
-/// base before the step.
+/// Supervised warm start: one AdamW step of the weighted negative log-likelihood of the
+/// generated tokens of `batch` (teacher forcing on demonstrations). A token the grammar
+/// constrained (a reply's head, the answer's type and component) weighs `decision_weight`, a
+/// free one (the text of a call, the evidence) 1:
+///
+///   loss = −Σ w_t · log π(x_t | x_<t) / Σ w_t
+///
+/// The decisions are a few tokens of a demonstration's hundreds, so at weight 1 the loss is
+/// nearly all about copying the expert's SQL. Returns the plain mean NLL and, with
+/// `measure_kl`, the KL to the base before the step.
 pub fn sft_step(
     model: &mut Model,
     adapter: &str,
     optimizer: &mut AdamW,
     batch: &[Conversation],
     max_grad_norm: f64,
+    decision_weight: f64,
+    measure_kl: bool,
 ) -> Result<SftStats> {
     let vars = model.trainable_vars(adapter)?;
     let mut grads = Gradients::new(vars);
+    let weights: Vec<Vec<f32>> = batch
+        .iter()
+        .map(|c| decision_weights(c, decision_weight))
+        .collect();
     let total: usize = batch.iter().map(Conversation::generated_count).sum();
-    let mut stats = SftStats::default();
-    for c in batch {
-        model.set_training(false);
-        let reference = to_vec(&score(model, None, c, false, false)?.logprobs)?;
+    let total_weight: f64 = weights.iter().flatten().map(|&w| f64::from(w)).sum();
+    let mut stats = SftStats {
+        nll: 0.0,
+        kl: measure_kl.then_some(0.0),
+    };
+    for (c, w) in batch.iter().zip(&weights) {
+        let reference = match measure_kl {
+            true => {
+                model.set_training(false);
+                Some(to_vec(&score(model, None, c, false, false)?.logprobs)?)
+            }
+            false => None,
+        };
         model.set_training(true);
         let s = score(model, Some(adapter), c, false, false)?;
-        stats.kl += k3_sum(&to_vec(&s.logprobs)?, &reference) / total as f64;
-        let loss = (s.logprobs.sum_all()?.neg()? / total as f64)?;
-        stats.nll += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let logprobs = to_vec(&s.logprobs)?;
+        if let (Some(kl), Some(reference)) = (&mut stats.kl, &reference) {
+            *kl += k3_sum(&logprobs, reference) / total as f64;
+        }
+        stats.nll -= logprobs.iter().map(|&x| f64::from(x)).sum::<f64>() / total as f64;
+        let w =
+            Tensor::from_slice(w, w.len(), s.logprobs.device())?.to_dtype(s.logprobs.dtype())?;
+        let loss = ((&s.logprobs * &w)?.sum_all()?.neg()? / total_weight)?;
         grads.accumulate(&loss)?;
     }
     grads.clip_global_norm(max_grad_norm)?;
     optimizer.step(&grads)?;
     model.set_training(false);
     Ok(stats)
+}
+
+/// The weight of each generated token of `c` in the warm start's loss, in order: `decision`
+/// where the grammar left the token a choice of several, 1 elsewhere (a forced token has
+/// log-probability 0 under its one-token set and teaches nothing either way).
+fn decision_weights(c: &Conversation, decision: f64) -> Vec<f32> {
+    c.generated
+        .iter()
+        .zip(&c.allowed)
+        .filter(|(g, _)| **g)
+        .map(|(_, a)| match a {
+            Some(set) if set.len() > 1 => decision as f32,
+            _ => 1.0,
+        })
+        .collect()
 }
 
 /// Mean negative log-likelihood of the generated tokens of `batch` (no update).

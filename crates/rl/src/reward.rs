@@ -72,7 +72,8 @@ pub fn efficiency(tool_calls: usize, w: &RewardWeights) -> f64 {
     1.0 - (tool_calls.min(w.max_calls) as f64 / w.max_calls as f64)
 }
 
-/// Equation (1); with `efficiency_needs_detection`, the γ term only for a correct type.
+/// Equation (1); with `efficiency_needs_detection` the γ term, and with
+/// `localisation_needs_detection` the β term, only for a correct type.
 pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
     let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
     let efficient = if w.efficiency_needs_detection && !correct {
@@ -80,9 +81,12 @@ pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardW
     } else {
         efficiency(d.tool_calls, w)
     };
-    w.alpha * f64::from(u8::from(correct))
-        + w.beta * loc_score(d.component.as_deref(), truth, sites, w)
-        + w.gamma * efficient
+    let located = if w.localisation_needs_detection && !correct {
+        0.0
+    } else {
+        loc_score(d.component.as_deref(), truth, sites, w)
+    };
+    w.alpha * f64::from(u8::from(correct)) + w.beta * located + w.gamma * efficient
 }
 
 /// Equation (2); `None` detection means the injection failed validation.
@@ -184,6 +188,36 @@ mod tests {
         let ungated = RewardWeights::default();
         let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &ungated);
         assert!((wrong - (0.5 + 0.2 * 0.9)).abs() < 1e-12, "{wrong}");
+    }
+
+    #[test]
+    fn gated_localisation_counts_only_for_a_correct_type() {
+        let w = RewardWeights {
+            localisation_needs_detection: true,
+            ..RewardWeights::default()
+        };
+        let at_the_function = |id: &str| Detection {
+            deficiency: Some(id.into()),
+            component: Some("tools.schema".into()),
+            tool_calls: 10,
+        };
+        // The component is exactly right, the type is not: no β term.
+        let wrong = detector_reward(&at_the_function("P1"), &truth(), &sites(), &w);
+        assert_eq!(wrong, 0.0);
+        let right = detector_reward(&at_the_function("P16"), &truth(), &sites(), &w);
+        assert!((right - (1.0 + 0.5 * 1.0)).abs() < 1e-12, "{right}");
+        let both = RewardWeights {
+            efficiency_needs_detection: true,
+            ..w
+        };
+        let quick_wrong = Detection {
+            tool_calls: 1,
+            ..at_the_function("P1")
+        };
+        assert_eq!(
+            detector_reward(&quick_wrong, &truth(), &sites(), &both),
+            0.0
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use policy::{
 
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
 use crate::config::{InjectorMode, RunConfig, Topology};
-use crate::environment::{self, Environment};
+use crate::environment::{self, CorpusPrior, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
 use crate::higher_order::{self, FailedInvestigation};
 use crate::metrics::{self, EvalCase, EvalMetrics, StepMetrics};
@@ -79,6 +79,11 @@ pub fn mix(seed: u64, step: u64, index: u64, purpose: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
+
+/// The warm start measures its KL to the base on every this-many-th update and the last: each
+/// measurement is a forward pass of the batch with the adapter off, about a quarter of an
+/// update's cost.
+const SFT_KL_EVERY: usize = 8;
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -384,7 +389,15 @@ impl Trainer {
                 let started = Instant::now();
                 let sft = {
                     let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-                    ppo::sft_step(&mut pm.model, adapter, &mut opt, chunk, 1.0)?
+                    ppo::sft_step(
+                        &mut pm.model,
+                        adapter,
+                        &mut opt,
+                        chunk,
+                        1.0,
+                        self.config.sft.decision_weight,
+                        update % SFT_KL_EVERY == 0 || update + 1 == updates,
+                    )?
                 };
                 let loss = sft.nll;
                 update += 1;
@@ -397,7 +410,7 @@ impl Trainer {
                         phase: "sft".into(),
                         unix_ms: unix_ms(),
                         sft_loss: Some(loss),
-                        kl: Some(sft.kl),
+                        kl: sft.kl,
                         episodes: Some(chunk.len()),
                         tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
                         seconds: Some(secs),
@@ -450,6 +463,16 @@ impl Trainer {
             self.config.run.seed,
             Duration::from_secs(self.config.run.agent_timeout_secs),
         )?;
+        if !self.config.eval.corpus.is_empty() {
+            let prior = CorpusPrior::read(
+                &self.options.root.join(&self.config.eval.corpus),
+                &self.config.eval.split,
+                self.config.injector.validated_only,
+            )?;
+            let (held_out, validated) = prior.counts();
+            tracing::info!(held_out, ?validated, "injector options: corpus prior");
+            env.set_prior(prior)?;
+        }
         let last = self.config.run.steps;
         let first = self.state.step + 1;
         let stop = match self.options.max_steps {
