@@ -432,6 +432,12 @@ impl RunConfig {
         if self.reward.max_calls == 0 {
             return bad("reward.max_calls", "must be at least 1");
         }
+        if self.injector.validated_only && self.eval.corpus.is_empty() {
+            return bad(
+                "injector.validated_only",
+                "needs a corpus to read the validated combinations from (`[eval] corpus`)",
+            );
+        }
         if !(self.sft.decision_weight > 0.0 && self.sft.decision_weight.is_finite()) {
             return bad("sft.decision_weight", "must be a positive number");
         }
@@ -501,5 +507,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("y.toml") && e.contains("ppo.clip"), "{e}");
+        for (extra, field) in [
+            (
+                "[injector]\nvalidated_only = true\n[eval]\ncorpus = \"\"\n",
+                "injector.validated_only",
+            ),
+            ("[sft]\ndecision_weight = 0.0\n", "sft.decision_weight"),
+        ] {
+            let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("z.toml") && e.contains(field), "{e}");
+        }
     }
 }

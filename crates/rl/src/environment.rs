@@ -200,8 +200,8 @@ impl Environment {
     }
 
     /// Restricts the Injector's options by what a corpus knows (see [`CorpusPrior`]). An agent
-    /// left with no option is an error: its steps could plant nothing.
-    /// The prior in place before stays when this one is refused.
+    /// left with no option is an error (its steps could plant nothing), and then the prior in
+    /// place before stays.
     pub fn set_prior(&mut self, prior: CorpusPrior) -> Result<()> {
         let before = std::mem::replace(&mut self.prior, prior);
         let names: Vec<String> = self.agents.keys().cloned().collect();

@@ -89,6 +89,7 @@ async fn run_all(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clean_agents_run_in_docker_and_their_traces_import() {
+    let _mounts = common::MOUNTS.lock().await;
     let Some(backend) = common::docker_backend().await else {
         return;
     };
@@ -97,6 +98,7 @@ async fn clean_agents_run_in_docker_and_their_traces_import() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clean_agents_run_in_the_local_sandbox() {
+    let _mounts = common::MOUNTS.lock().await;
     run_all(Backend::Local(
         runner::local::LocalBackend::detect().unwrap(),
     ))
@@ -107,6 +109,7 @@ async fn clean_agents_run_in_the_local_sandbox() {
 /// forwards a mounted Unix socket to the port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_http_endpoint_is_reached_through_a_socket_forwarder() {
+    let _mounts = common::MOUNTS.lock().await;
     let Some(backend) = common::docker_backend().await else {
         return;
     };

@@ -80,6 +80,7 @@ fn assert_forks_contained(o: &EpisodeOutcome) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn docker_contains_hostile_agents() {
+    let _mounts = common::MOUNTS.lock().await;
     let Some(backend) = common::docker_backend().await else {
         return;
     };
@@ -113,6 +114,7 @@ async fn docker_contains_hostile_agents() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn local_sandbox_contains_hostile_agents() {
+    let _mounts = common::MOUNTS.lock().await;
     let backend = Backend::Local(runner::local::LocalBackend::detect().unwrap());
     eprintln!("{}", backend.isolation());
     let scratch = Scratch::new().await;

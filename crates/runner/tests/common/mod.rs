@@ -9,6 +9,12 @@ use agents::tasks::{AnswerType, GaiaTask};
 use agents::{Task, Workspace};
 use runner::{Backend, EpisodeSpec, ImageInputs, Limits, LlmChoice, LlmEndpoint};
 
+/// Held by every test of one binary that starts containers or the local sandbox. The local
+/// sandbox binds the host's root read-only, mounts included; a container that starts or stops
+/// meanwhile adds or removes an overlay mount under /var/lib/docker, and bwrap's remount of it
+/// then fails ("Can't bind mount /oldroot/ …: Invalid argument"), as CI once saw.
+pub static MOUNTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
