@@ -458,6 +458,8 @@ mod tests {
             .set_prior(CorpusPrior::read(&corpus, "test", true).unwrap())
             .unwrap_err();
         assert!(err.to_string().contains("no injection is left"), "{err}");
+        // The refused prior left the one before it in place.
+        assert_eq!(env.options(agent, false).unwrap(), vec![option(partly)]);
         std::fs::write(corpus.join("corpus.jsonl"), "{\"split\": \"test\"}\n").unwrap();
         let err = CorpusPrior::read(&corpus, "test", false).unwrap_err();
         assert!(err.to_string().contains("corpus.jsonl: line 1"), "{err}");
