@@ -117,6 +117,15 @@ mod tests {
         }
     }
 
+    /// An answer naming `id` in the injected component after `tool_calls` calls.
+    fn answer(id: &str, tool_calls: usize) -> Detection {
+        Detection {
+            deficiency: Some(id.into()),
+            component: Some("tools.schema".into()),
+            tool_calls,
+        }
+    }
+
     fn sites() -> Vec<Site> {
         let s = |c: &str, f: &str, fun: &str| Site {
             component: c.into(),
@@ -175,11 +184,7 @@ mod tests {
             efficiency_needs_detection: true,
             ..RewardWeights::default()
         };
-        let quick = |id: &str| Detection {
-            deficiency: Some(id.into()),
-            component: Some("tools.schema".into()),
-            tool_calls: 1,
-        };
+        let quick = |id: &str| answer(id, 1);
         // A wrong type keeps its localisation credit but earns nothing for stopping early.
         let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &w);
         assert!((wrong - 0.5 * 1.0).abs() < 1e-12, "{wrong}");
@@ -196,11 +201,7 @@ mod tests {
             localisation_needs_detection: true,
             ..RewardWeights::default()
         };
-        let at_the_function = |id: &str| Detection {
-            deficiency: Some(id.into()),
-            component: Some("tools.schema".into()),
-            tool_calls: 10,
-        };
+        let at_the_function = |id: &str| answer(id, 10);
         // The component is exactly right, the type is not: no β term.
         let wrong = detector_reward(&at_the_function("P1"), &truth(), &sites(), &w);
         assert_eq!(wrong, 0.0);
@@ -210,12 +211,8 @@ mod tests {
             efficiency_needs_detection: true,
             ..w
         };
-        let quick_wrong = Detection {
-            tool_calls: 1,
-            ..at_the_function("P1")
-        };
         assert_eq!(
-            detector_reward(&quick_wrong, &truth(), &sites(), &both),
+            detector_reward(&answer("P1", 1), &truth(), &sites(), &both),
             0.0
         );
     }

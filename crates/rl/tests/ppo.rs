@@ -203,6 +203,27 @@ fn ppo_raises_the_rewarded_reply_and_lowers_the_punished_one() {
     }
 }
 
+/// `steps` warm-start updates of adapter `a` on `demos` (AdamW, lr 1e-2), with what each measured.
+fn warm_start(
+    m: &mut Model,
+    demos: &[Conversation],
+    steps: usize,
+    decision_weight: f64,
+    measure_kl: bool,
+) -> Vec<ppo::SftStats> {
+    let mut opt = AdamW::new(
+        m.trainable_vars("a").unwrap(),
+        AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        },
+    )
+    .unwrap();
+    (0..steps)
+        .map(|_| ppo::sft_step(m, "a", &mut opt, demos, 1.0, decision_weight, measure_kl).unwrap())
+        .collect()
+}
+
 #[test]
 fn the_warm_start_lowers_the_demonstrations_loss_and_leaves_the_base_alone() {
     let (mut m, tok) = tiny(DType::F32, 31);
@@ -212,23 +233,10 @@ fn the_warm_start_lowers_the_demonstrations_loss_and_leaves_the_base_alone() {
     ];
     let before = ppo::nll(&m, Some("a"), &demos).unwrap();
     let base_before = ppo::nll(&m, None, &demos).unwrap();
-    let mut opt = AdamW::new(
-        m.trainable_vars("a").unwrap(),
-        AdamWConfig {
-            lr: 1e-2,
-            ..AdamWConfig::default()
-        },
-    )
-    .unwrap();
-    let mut kls = Vec::new();
-    for _ in 0..6 {
-        kls.push(
-            ppo::sft_step(&mut m, "a", &mut opt, &demos, 1.0, 1.0, true)
-                .unwrap()
-                .kl
-                .unwrap(),
-        );
-    }
+    let kls: Vec<f64> = warm_start(&mut m, &demos, 6, 1.0, true)
+        .iter()
+        .map(|s| s.kl.unwrap())
+        .collect();
     assert!(
         kls[0].abs() < 1e-9 && kls[5] > kls[1],
         "KL to the base: {kls:?}"
@@ -263,22 +271,10 @@ fn weighting_the_decisions_teaches_the_answer_faster_than_the_plain_loss() {
         let (mut m, tok) = tiny(DType::F32, 37);
         let demos = vec![answer_conversation(&tok, "P16", evidence)];
         let before = decision_logprob(&m, &demos[0]);
-        let mut opt = AdamW::new(
-            m.trainable_vars("a").unwrap(),
-            AdamWConfig {
-                lr: 1e-2,
-                ..AdamWConfig::default()
-            },
-        )
-        .unwrap();
-        let mut nll = Vec::new();
-        for _ in 0..4 {
-            nll.push(
-                ppo::sft_step(&mut m, "a", &mut opt, &demos, 1.0, weight, false)
-                    .unwrap()
-                    .nll,
-            );
-        }
+        let nll: Vec<f64> = warm_start(&mut m, &demos, 4, weight, false)
+            .iter()
+            .map(|s| s.nll)
+            .collect();
         (decision_logprob(&m, &demos[0]) - before, nll)
     };
     let (plain, plain_nll) = gain(1.0);
