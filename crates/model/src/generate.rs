@@ -332,7 +332,7 @@ impl Model {
             .reshape((b, len, self.config.hidden_size))?
             .narrow(1, len - 1, 1)?
             .squeeze(1)?;
-        self.lm_logits(&last)
+        self.logits(&last)
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod error;
 pub mod fetch;
+mod frozen;
 pub mod generate;
 pub mod load;
 pub mod lora;

@@ -26,7 +26,7 @@ pub(crate) struct Linear {
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = crate::frozen::frozen_matmul(x, &self.weight)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -431,6 +431,24 @@ impl Model {
         attention_mask: &Tensor,
         adapter: Option<&str>,
     ) -> Result<(Tensor, Tensor)> {
+        let hidden = self.hidden_train_with(input_ids, attention_mask, adapter)?;
+        let (b, t, _) = hidden.dims3()?;
+        let logits = self
+            .logits(&hidden.reshape((b * t, self.config.hidden_size))?)?
+            .reshape((b, t, self.config.vocab_size))?;
+        Ok((logits, hidden))
+    }
+
+    /// The final-normed hidden states `(batch, seq, hidden)` of [`Model::forward_train_with`],
+    /// without the LM head. A loss that scores a few positions of a long sequence takes their
+    /// rows and calls [`Model::logits`] on those alone: the head is a vocabulary-wide product
+    /// per row, and its log-softmax several tensors as wide.
+    pub fn hidden_train_with(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        adapter: Option<&str>,
+    ) -> Result<Tensor> {
         let adapter = adapter.map(|n| self.adapter_or_err(n)).transpose()?;
         let mask = self.check_batch(input_ids, attention_mask)?;
         let (b, t) = input_ids.dims2()?;
@@ -457,11 +475,7 @@ impl Model {
         };
         let flat_ids = input_ids.flatten_all()?.to_dtype(DType::U32)?;
         let hidden = self.forward_hidden(&flat_ids, b, t, &positions, &bias, None, opts)?;
-        let logits = self
-            .lm_logits(&hidden)?
-            .reshape((b, t, self.config.vocab_size))?;
-        let hidden = hidden.reshape((b, t, self.config.hidden_size))?;
-        Ok((logits, hidden))
+        Ok(hidden.reshape((b, t, self.config.hidden_size))?)
     }
 
     /// Validates shapes and token ids; returns the mask as host rows of 0/1.
@@ -594,9 +608,11 @@ impl Model {
         self.rms_norm(&x, &self.final_norm, opts.fused)
     }
 
-    pub(crate) fn lm_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+    /// Next-token logits `(rows, vocab)` for final-normed hidden states `(rows, hidden)`.
+    /// Differentiable in `hidden`; the head itself is frozen.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Ok(hidden.matmul(&head.t()?)?)
+        Ok(crate::frozen::frozen_matmul(hidden, head)?)
     }
 
     fn rms_norm(&self, x: &Tensor, weight: &Tensor, fused: bool) -> Result<Tensor> {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -249,4 +249,13 @@ pub fn missing_weights<T>(msg: &str) -> Option<T> {
     }
     eprintln!("skipping: {msg}");
     None
+}
+
+/// The largest absolute elementwise difference between two tensors of one shape, in f32.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    Ok((a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()?)
 }

@@ -371,3 +371,67 @@ fn bf16_model_trains_f32_adapter_parameters() {
     let fin = scalar(&nll(&m));
     assert!(fin < initial - 0.1, "bf16 loss {initial} -> {fin}");
 }
+
+/// The scored-rows path (`hidden_train_with`, a few rows, `logits`) is the full pass's
+/// logits at those rows, with the same gradient for every adapter parameter.
+#[test]
+fn logits_of_chosen_rows_match_the_full_pass_and_its_gradients() {
+    let cfg = tiny_config(Arch::Llama, true);
+    let mut m = Model::random(cfg, DType::F32, &Device::Cpu, 31).unwrap();
+    m.add_adapter("a", LoraConfig::default(), 1).unwrap();
+    randomize_b(&m, "a", 5);
+    let (ids, mask) = batch();
+    let (b, t) = ids.dims2().unwrap();
+    let rows = Tensor::new(&[3u32, 6, 7, 9, 14], &Device::Cpu).unwrap();
+    let weights = Tensor::new(&[0.5f32, -1.0, 2.0, 0.25, 1.5], &Device::Cpu).unwrap();
+    let loss_of = |logits: &Tensor| -> Tensor {
+        // A different vocabulary column per row, weighted so no row cancels another.
+        let cols = Tensor::new(&[[1u32], [7], [0], [11], [4]], &Device::Cpu).unwrap();
+        logits
+            .gather(&cols, 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap()
+            .mul(&weights)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+
+    let (full, _) = m.forward_train_with(&ids, &mask, Some("a")).unwrap();
+    let vocab = full.dim(2).unwrap();
+    let full_rows = full
+        .reshape((b * t, vocab))
+        .unwrap()
+        .index_select(&rows, 0)
+        .unwrap();
+    let hidden = m.hidden_train_with(&ids, &mask, Some("a")).unwrap();
+    let width = hidden.dim(2).unwrap();
+    let chosen = m
+        .logits(
+            &hidden
+                .reshape((b * t, width))
+                .unwrap()
+                .index_select(&rows, 0)
+                .unwrap(),
+        )
+        .unwrap();
+    assert!(max_abs_diff(&full_rows, &chosen) < 1e-5);
+
+    let g_full = loss_of(&full_rows).backward().unwrap();
+    let g_rows = loss_of(&chosen).backward().unwrap();
+    let vars = m.trainable_vars("a").unwrap();
+    assert!(!vars.is_empty());
+    for var in &vars {
+        let a = g_full.get(var.as_tensor()).expect("full pass: no gradient");
+        let c = g_rows
+            .get(var.as_tensor())
+            .expect("chosen rows: no gradient");
+        let scale = 1.0 + scalar(&a.abs().unwrap().flatten_all().unwrap().max(0).unwrap()) as f32;
+        assert!(
+            max_abs_diff(a, c) < 1e-4 * scale,
+            "gradients differ by {}",
+            max_abs_diff(a, c)
+        );
+    }
+}

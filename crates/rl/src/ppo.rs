@@ -81,7 +81,7 @@ pub fn score(
     let t = c.tokens.len();
     let ids = Tensor::from_slice(&c.tokens, (1, t), device)?;
     let mask = Tensor::ones((1, t), DType::U32, device)?;
-    let (logits, hidden) = model.forward_train_with(&ids, &mask, adapter)?;
+    let hidden = model.hidden_train_with(&ids, &mask, adapter)?.squeeze(0)?;
     // Scores in f32 (f64 models stay f64, for finite-difference checks).
     let dtype = if model.dtype() == DType::F64 {
         DType::F64
@@ -92,7 +92,9 @@ pub fn score(
     let prev: Vec<u32> = positions.iter().map(|&p| (p - 1) as u32).collect();
     let n = prev.len();
     let prev = Tensor::from_vec(prev, n, device)?;
-    let logits = logits.squeeze(0)?.index_select(&prev, 0)?.to_dtype(dtype)?;
+    // Only the scored rows go through the LM head.
+    let rows = hidden.index_select(&prev, 0)?;
+    let logits = model.logits(&rows)?.to_dtype(dtype)?;
     let vocab = logits.dim(1)?;
     let logits = match allowed_mask(c, &positions, vocab) {
         Some(m) => {
@@ -116,7 +118,7 @@ pub fn score(
                 .ok_or_else(|| {
                     crate::RlError::Sample(format!("adapter `{name}` has no value head"))
                 })?;
-            let h = hidden.squeeze(0)?.index_select(&prev, 0)?.to_dtype(dtype)?;
+            let h = rows.to_dtype(dtype)?;
             let w = head.weight.as_tensor().to_dtype(dtype)?;
             let b = head.bias.as_tensor().to_dtype(dtype)?;
             Some(h.matmul(&w.t()?)?.squeeze(1)?.broadcast_add(&b)?)

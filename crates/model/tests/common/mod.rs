@@ -22,16 +22,7 @@ pub fn write_llama_gguf(path: &Path, config: &ModelConfig, tensors: &HashMap<Str
 }
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a.to_dtype(candle_core::DType::F32).unwrap() - b.to_dtype(candle_core::DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
+    model::testing::max_abs_diff(a, b).unwrap()
 }
 
 pub fn ids(rows: &[&[u32]]) -> Tensor {
