@@ -15,8 +15,14 @@ struct FrozenMatmul {
 }
 
 impl FrozenMatmul {
-    /// `(m, k, n)` for an input of layout `layout`: `m` rows of `k = in` features, `n = out`.
-    fn dims(&self, layout: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+    /// `x·Wᵀ` on one backend's storage: `x` is `(m, in)` under `layout`, `w` is `W`'s storage.
+    fn product<S: BackendStorage>(
+        &self,
+        x: &S,
+        layout: &Layout,
+        w: &S,
+        w_layout: &Layout,
+    ) -> candle_core::Result<(S, Shape)> {
         let (out, inp) = self.weight.dims2()?;
         let (m, k) = layout.shape().dims2()?;
         if k != inp {
@@ -24,7 +30,12 @@ impl FrozenMatmul {
                 "frozen matmul: input has {k} features, the weight expects {inp} (weight {out}x{inp})"
             );
         }
-        Ok((m, k, out))
+        // `W` viewed as `(in, out)`: the same transposed layout `x.matmul(&w.t())` passes.
+        let wt = w_layout.transpose(0, 1)?;
+        Ok((
+            x.matmul(w, (1, m, out, k), layout, &wt)?,
+            Shape::from((m, out)),
+        ))
     }
 }
 
@@ -38,15 +49,11 @@ impl CustomOp1 for FrozenMatmul {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k, n) = self.dims(layout)?;
-        let (w_storage, w_layout) = self.weight.storage_and_layout();
-        let Storage::Cpu(w) = &*w_storage else {
+        let (w, w_layout) = self.weight.storage_and_layout();
+        let Storage::Cpu(w) = &*w else {
             candle_core::bail!("frozen matmul: input on the CPU, weight elsewhere");
         };
-        // `W` viewed as `(in, out)`: the same transposed layout `x.matmul(&w.t())` passes.
-        let wt = w_layout.transpose(0, 1)?;
-        let y = storage.matmul(w, (1, m, n, k), layout, &wt)?;
-        Ok((y, Shape::from((m, n))))
+        self.product(storage, layout, w, w_layout)
     }
 
     #[cfg(feature = "cuda")]
@@ -55,14 +62,11 @@ impl CustomOp1 for FrozenMatmul {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let (m, k, n) = self.dims(layout)?;
-        let (w_storage, w_layout) = self.weight.storage_and_layout();
-        let Storage::Cuda(w) = &*w_storage else {
+        let (w, w_layout) = self.weight.storage_and_layout();
+        let Storage::Cuda(w) = &*w else {
             candle_core::bail!("frozen matmul: input on a CUDA device, weight elsewhere");
         };
-        let wt = w_layout.transpose(0, 1)?;
-        let y = storage.matmul(w, (1, m, n, k), layout, &wt)?;
-        Ok((y, Shape::from((m, n))))
+        self.product(storage, layout, w, w_layout)
     }
 
     fn bwd(

@@ -107,6 +107,15 @@ impl CorpusPrior {
     }
 }
 
+/// The tasks a template names (its code path runs there), else the agent's whole suite.
+fn task_pool<'a>(info: &'a AgentInfo, t: &'a Template) -> &'a [String] {
+    if t.tasks.is_empty() {
+        &info.tasks
+    } else {
+        &t.tasks
+    }
+}
+
 fn env_err(e: impl std::fmt::Display) -> RlError {
     RlError::Environment(e.to_string())
 }
@@ -260,15 +269,11 @@ impl Environment {
             })
     }
 
-    /// The tasks a template may run on: those it names (its code path runs there), else the
-    /// whole suite; never one that would repeat a held-out combination.
+    /// The tasks a template may run on ([`task_pool`]), less any that would repeat a held-out
+    /// combination.
     fn tasks<'a>(&self, agent: &str, info: &'a AgentInfo, t: &'a Template) -> Vec<&'a String> {
-        let pool: &[String] = if t.tasks.is_empty() {
-            &info.tasks
-        } else {
-            &t.tasks
-        };
-        pool.iter()
+        task_pool(info, t)
+            .iter()
             .filter(|task| !self.prior.held_out(agent, t, task))
             .collect()
     }
@@ -384,11 +389,7 @@ mod tests {
     }
 
     fn pool(info: &AgentInfo, t: &Template) -> Vec<String> {
-        if t.tasks.is_empty() {
-            info.tasks.clone()
-        } else {
-            t.tasks.clone()
-        }
+        task_pool(info, t).to_vec()
     }
 
     #[test]

@@ -420,12 +420,11 @@ pub fn sft_step(
         kl: measure_kl.then_some(0.0),
     };
     for (c, w) in batch.iter().zip(&weights) {
-        let reference = match measure_kl {
-            true => {
-                model.set_training(false);
-                Some(to_vec(&score(model, None, c, false, false)?.logprobs)?)
-            }
-            false => None,
+        let reference = if measure_kl {
+            model.set_training(false);
+            Some(to_vec(&score(model, None, c, false, false)?.logprobs)?)
+        } else {
+            None
         };
         model.set_training(true);
         let s = score(model, Some(adapter), c, false, false)?;

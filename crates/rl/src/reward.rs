@@ -184,14 +184,13 @@ mod tests {
             efficiency_needs_detection: true,
             ..RewardWeights::default()
         };
-        let quick = |id: &str| answer(id, 1);
         // A wrong type keeps its localisation credit but earns nothing for stopping early.
-        let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &w);
+        let wrong = detector_reward(&answer("P1", 1), &truth(), &sites(), &w);
         assert!((wrong - 0.5 * 1.0).abs() < 1e-12, "{wrong}");
-        let right = detector_reward(&quick("P16"), &truth(), &sites(), &w);
+        let right = detector_reward(&answer("P16", 1), &truth(), &sites(), &w);
         assert!((right - (1.0 + 0.5 + 0.2 * 0.9)).abs() < 1e-12, "{right}");
         let ungated = RewardWeights::default();
-        let wrong = detector_reward(&quick("P1"), &truth(), &sites(), &ungated);
+        let wrong = detector_reward(&answer("P1", 1), &truth(), &sites(), &ungated);
         assert!((wrong - (0.5 + 0.2 * 0.9)).abs() < 1e-12, "{wrong}");
     }
 
@@ -201,11 +200,10 @@ mod tests {
             localisation_needs_detection: true,
             ..RewardWeights::default()
         };
-        let at_the_function = |id: &str| answer(id, 10);
         // The component is exactly right, the type is not: no β term.
-        let wrong = detector_reward(&at_the_function("P1"), &truth(), &sites(), &w);
+        let wrong = detector_reward(&answer("P1", 10), &truth(), &sites(), &w);
         assert_eq!(wrong, 0.0);
-        let right = detector_reward(&at_the_function("P16"), &truth(), &sites(), &w);
+        let right = detector_reward(&answer("P16", 10), &truth(), &sites(), &w);
         assert!((right - (1.0 + 0.5 * 1.0)).abs() < 1e-12, "{right}");
         let both = RewardWeights {
             efficiency_needs_detection: true,
