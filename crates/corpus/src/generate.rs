@@ -760,6 +760,7 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     };
     let mut store = traces::Store::open(&staging).map_err(store_err)?;
     let mut records = Vec::new();
+    let mut healthy_records: Vec<HealthyRecord> = Vec::new();
     for m in &valid {
         let trace = out.join(m.trace.as_deref().unwrap_or_default());
         let report = store
@@ -786,6 +787,23 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
             manifest: (*m).clone(),
         });
     }
+    let healthy = healthy_runs(out, plan, manifests, valid.len());
+    for h in &healthy {
+        let report = store
+            .import_file(out.join(&h.trace), traces::Format::Jsonl)
+            .map_err(store_err)?;
+        let trace_id = report.trace_ids.first().cloned().unwrap_or_default();
+        let mut label = traces::Label::new(&trace_id);
+        label.deficiency_id = Some(taxonomy::NONE.into());
+        label.source = serde_json::json!({
+            "agent": h.agent, "task": h.task, "healthy": true, "split": h.split,
+        });
+        store.put_label(&label).map_err(store_err)?;
+        healthy_records.push(HealthyRecord {
+            trace_id,
+            ..h.clone()
+        });
+    }
     drop(store);
     std::fs::rename(&staging, &store_path).map_err(io(&store_path))?;
 
@@ -797,15 +815,29 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     let splits_dir = out.join("splits");
     std::fs::create_dir_all(&splits_dir).map_err(io(&splits_dir))?;
     let mut split_counts = BTreeMap::new();
+    let healthy_line = |r: &HealthyRecord| serde_json::to_string(r).expect("serialises") + "\n";
+    write_atomic(
+        &out.join("healthy.jsonl"),
+        healthy_records
+            .iter()
+            .map(healthy_line)
+            .collect::<String>()
+            .as_bytes(),
+    )?;
     for name in ["train", "val", "test"] {
         let chosen: Vec<&Record> = records.iter().filter(|r| r.split == name).collect();
+        let chosen_healthy: Vec<&HealthyRecord> =
+            healthy_records.iter().filter(|r| r.split == name).collect();
         split_counts.insert(name.to_owned(), chosen.len());
+        split_counts.insert(format!("{name}_healthy"), chosen_healthy.len());
+        // A split lists every labelled trace of it: the injected records, then the healthy.
         write_atomic(
             &splits_dir.join(format!("{name}.jsonl")),
             chosen
                 .iter()
                 .copied()
                 .map(line)
+                .chain(chosen_healthy.iter().copied().map(healthy_line))
                 .collect::<String>()
                 .as_bytes(),
         )?;
@@ -830,6 +862,9 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     for r in &records {
         digest.update(canonical(&r.manifest, &r.split).as_bytes());
         digest.update(b"\n");
+    }
+    for h in &healthy_records {
+        digest.update(format!("healthy {} {} {}\n", h.agent, h.task, h.split).as_bytes());
     }
     let digest = hex(&digest.finalize());
     write_atomic(&out.join("digest"), format!("{digest}\n").as_bytes())?;
@@ -879,6 +914,71 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     };
     write_atomic(&out.join("report.json"), to_json(&report).as_bytes())?;
     Ok(report)
+}
+
+/// A clean run published as a healthy trace (`healthy.jsonl`, and in the split files).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HealthyRecord {
+    pub split: String,
+    pub trace_id: String,
+    pub agent: String,
+    pub task: String,
+    /// Always true: tells a split file's healthy lines from its injected records.
+    pub healthy: bool,
+    /// The clean run's trace, relative to OUT.
+    pub trace: String,
+}
+
+/// One healthy trace for about every five valid injections (a sixth of the corpus): the clean
+/// runs of the planned (agent, task) pairs that succeeded and left a trace, in seeded order.
+/// Each goes to a split by the same seeded order (70/15/15; a held-out agent's all to test).
+fn healthy_runs(
+    out: &Path,
+    plan: &Plan,
+    manifests: &[Manifest],
+    valid: usize,
+) -> Vec<HealthyRecord> {
+    let seed = plan.options.seed.to_string();
+    let mut pairs: Vec<(&str, &str)> = manifests
+        .iter()
+        .filter(|m| m.clean.success)
+        .map(|m| (m.agent.as_str(), m.task.as_str()))
+        .collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    pairs.retain(|(agent, task)| {
+        out.join("clean")
+            .join(agent)
+            .join("runs")
+            .join(task)
+            .join("trace.jsonl")
+            .is_file()
+    });
+    pairs.sort_by_key(|(agent, task)| stable_hash(&[&seed, "healthy", agent, task]));
+    pairs.truncate(valid.div_ceil(5));
+    pairs
+        .iter()
+        .enumerate()
+        .map(|(i, (agent, task))| {
+            let split = if plan.options.holdout_agent.as_deref() == Some(agent) {
+                "test"
+            } else {
+                match i % 20 {
+                    0..=13 => "train",
+                    14..=16 => "val",
+                    _ => "test",
+                }
+            };
+            HealthyRecord {
+                split: split.into(),
+                trace_id: String::new(),
+                agent: agent.to_string(),
+                task: task.to_string(),
+                healthy: true,
+                trace: format!("clean/{agent}/runs/{task}/trace.jsonl"),
+            }
+        })
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -79,11 +79,20 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     assert_eq!(m.location.as_ref().unwrap().file, "toolcaller/llm.py");
     assert!(p2_dir.join("artifact/deficiency_type").exists());
 
-    // The store holds the valid episode's trace with its label, and nothing else.
+    // The store holds the valid episode's trace with its label, and one healthy trace (the
+    // clean run of its task, about one for every five valid injections), and nothing else.
     let store = traces::Store::open(a.join("store.sqlite")).unwrap();
     let ids = store.trace_ids().unwrap();
-    assert_eq!(ids.len(), 1);
-    let labels = store.labels(&ids[0]).unwrap();
+    assert_eq!(ids.len(), 2);
+    let mut labels: Vec<_> = ids
+        .iter()
+        .flat_map(|id| store.labels(id).unwrap())
+        .collect();
+    labels.sort_by_key(|l| l.deficiency_id.clone());
+    assert_eq!(labels[1].deficiency_id.as_deref(), Some(taxonomy::NONE));
+    assert_eq!(labels[1].component, None);
+    assert_eq!(labels[1].source["healthy"], true);
+    assert_eq!(read(&a.join("healthy.jsonl")).lines().count(), 1);
     assert_eq!(labels[0].deficiency_id.as_deref(), Some("P2"));
     assert_eq!(labels[0].component.as_deref(), Some("llm_client.stream"));
     assert_eq!(labels[0].function.as_deref(), Some("StreamAssembler.feed"));
@@ -92,8 +101,8 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
         .iter()
         .map(|s| read(&a.join(format!("splits/{s}.jsonl"))).lines().count())
         .sum();
-    assert_eq!(split_lines, 1);
-    // The Parquet export holds the same record.
+    assert_eq!(split_lines, 2);
+    // The Parquet export holds the injected record (healthy traces are in healthy.jsonl).
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let parquet_rows = |p: &Path| {
         let file = std::fs::File::open(p).unwrap();

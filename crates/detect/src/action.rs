@@ -379,6 +379,26 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
             _ => Err("write `answer: agent NAME step N | evidence`".into()),
         };
     }
+    // A healthy trace: `answer: none | …` (a component after it, if any, must be `none` too).
+    if words
+        .first()
+        .is_some_and(|w| w.eq_ignore_ascii_case(taxonomy::NONE))
+    {
+        return match words.as_slice() {
+            [_] => Ok(()),
+            [_, c] if c.eq_ignore_ascii_case(taxonomy::NONE) => Ok(()),
+            _ => Err(format!(
+                "a healthy trace is answered `answer: {0} | evidence`; got {1} word(s) before `|`",
+                taxonomy::NONE,
+                words.len()
+            )),
+        }
+        .map(|()| Verdict::Deficiency {
+            deficiency_id: taxonomy::NONE.into(),
+            component: taxonomy::NONE.into(),
+            evidence,
+        });
+    }
     let [id, component] = words.as_slice() else {
         return Err(format!(
             "write `answer: ID COMPONENT | evidence` (e.g. `answer: P16 tools.schema | …`); got {} word(s) before `|`",

@@ -7,6 +7,7 @@
 //! - [`history`]: the query history; [`episode`]: turns, subagents, limits; [`transcript`]:
 //!   what an episode leaves, convertible to trace spans.
 //! - [`action`]: the one text format every policy writes.
+//! - [`probes`]: named SQL measurements whose rows are their own compact digest.
 //! - [`policies`]: `keyword` (the paper's keyword baseline) and `expert` (a scripted
 //!   investigator).
 //!
@@ -21,6 +22,7 @@ pub mod episode;
 mod error;
 pub mod history;
 pub mod policies;
+pub mod probes;
 pub mod prompt;
 pub mod sandbox;
 pub mod shell;

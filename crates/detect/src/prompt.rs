@@ -65,6 +65,7 @@ pub fn system_prompt(p: &PromptInput<'_>) -> String {
     match p.role {
         Role::Main => {
             s.push_str("answer: ID COMPONENT | EVIDENCE   ends the investigation, e.g. `answer: P16 tools.schema | RecursionError in resolve_ref at startup`\n");
+            s.push_str("answer: none | EVIDENCE          when the run shows no deficiency (a healthy trace)\n");
             if p.chatlog {
                 s.push_str("answer: agent NAME step N | EVIDENCE   for chat logs\n");
             }

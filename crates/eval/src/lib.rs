@@ -6,6 +6,8 @@
 //! - [`metrics`]: pure functions from per-trace cases to the paper's figures (detection,
 //!   localisation, tool calls, per category, confusion; agent and step accuracy).
 //! - [`store_eval`]: runs a Detector policy over every labelled trace of a store (or a split).
+//! - [`classifier`]: the non-LM reference, a linear reader of the probe digests fitted on a
+//!   train split.
 //! - [`chatlog`]: imports a directory of chat logs into a temporary store and runs the
 //!   first-error blame baseline on each.
 //! - [`report`]: the Markdown report.
@@ -16,6 +18,7 @@
 
 pub mod bootstrap;
 pub mod chatlog;
+pub mod classifier;
 mod error;
 pub mod metrics;
 pub mod report;

@@ -46,6 +46,22 @@ pub struct Case {
     pub outcome: String,
 }
 
+/// Whether the trace is labelled healthy ([`taxonomy::NONE`]).
+pub fn healthy(case: &Case) -> bool {
+    case.truth
+        .deficiency_id
+        .eq_ignore_ascii_case(taxonomy::NONE)
+}
+
+/// A healthy trace that the detector called deficient (a verdict naming a type).
+pub fn false_positive(case: &Case) -> Option<bool> {
+    healthy(case).then(|| {
+        case.predicted
+            .as_ref()
+            .is_some_and(|p| !p.deficiency_id.eq_ignore_ascii_case(taxonomy::NONE))
+    })
+}
+
 /// The predicted type is the labelled type (ids compared case-insensitively).
 pub fn detected(case: &Case) -> bool {
     case.predicted.as_ref().is_some_and(|p| {
@@ -126,7 +142,7 @@ pub fn per_category(
             .position(|c| c.as_str() == name)
             .unwrap_or(usize::MAX)
     };
-    for case in cases {
+    for case in cases.iter().filter(|c| !healthy(c)) {
         let category = catalog
             .get(&case.truth.deficiency_id)
             .map_or(UNCATALOGUED.to_string(), |d| {
@@ -185,7 +201,12 @@ pub fn per_agent(cases: &[Case], b: &Bootstrap) -> Vec<AgentRow> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
     pub traces: usize,
+    /// Over the deficient traces (labelled with a type, not `none`).
     pub detection: Option<Estimate>,
+    /// Healthy traces (labelled `none`) among `traces`.
+    pub healthy: usize,
+    /// Healthy traces called deficient, over the healthy traces.
+    pub false_positive_rate: Option<Estimate>,
     /// Over the traces whose label names a component.
     pub localisation: Option<Estimate>,
     pub tool_calls: Option<Estimate>,
@@ -197,12 +218,15 @@ pub struct Summary {
 }
 
 pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> Summary {
-    let hits: Vec<bool> = cases.iter().map(detected).collect();
+    let hits: Vec<bool> = cases.iter().filter(|c| !healthy(c)).map(detected).collect();
     let loc: Vec<bool> = cases.iter().filter_map(localised).collect();
     let calls: Vec<f64> = cases.iter().map(|c| c.tool_calls as f64).collect();
+    let fp: Vec<bool> = cases.iter().filter_map(false_positive).collect();
     Summary {
         traces: cases.len(),
         detection: bootstrap::proportion(&hits, b),
+        healthy: fp.len(),
+        false_positive_rate: bootstrap::proportion(&fp, b),
         localisation: bootstrap::proportion(&loc, b),
         tool_calls: bootstrap::mean(&calls, b),
         no_verdict: cases.iter().filter(|c| c.predicted.is_none()).count(),

@@ -83,7 +83,11 @@ pub fn store_markdown(r: &StoreReport) -> String {
     );
     out.push_str("## Overall (Table 5)\n\n| Metric | Value | 95% CI | n |\n|---|---|---|---|\n");
     for (name, (v, ci, n)) in [
-        ("Detection accuracy", pct(&s.detection)),
+        ("Detection accuracy (deficient traces)", pct(&s.detection)),
+        (
+            "False-positive rate (healthy traces called deficient)",
+            pct(&s.false_positive_rate),
+        ),
         ("Localisation accuracy", pct(&s.localisation)),
         ("Avg. tool calls", number(&s.tool_calls)),
     ] {
@@ -168,7 +172,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
         return String::new();
     };
     let mut out = format!(
-        "# Comparison\n\nStore: `{}`; traces: {}. {}\n\n| Detector | Switched off | Detection acc. | 95% CI | Δ detection vs. full | 95% CI | Localisation acc. | 95% CI | Avg. tool calls | 95% CI |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "# Comparison\n\nStore: `{}`; traces: {}. {}\n\n| Detector | Switched off | Detection acc. | 95% CI | Δ detection vs. full | 95% CI | False-positive rate | 95% CI | Localisation acc. | 95% CI | Avg. tool calls | 95% CI |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         first.store,
         first.summary.traces,
         interval_note(&first.bootstrap)
@@ -192,6 +196,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
             None => ("—".into(), "—".into()),
         };
         let (det, det_ci, _) = pct(&s.detection);
+        let (fpr, fpr_ci, _) = pct(&s.false_positive_rate);
         let (loc, loc_ci, _) = pct(&s.localisation);
         let (calls, calls_ci, _) = number(&s.tool_calls);
         let off = if run.ablations.is_empty() {
@@ -200,7 +205,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
             run.ablations.join(", ")
         };
         out.push_str(&format!(
-            "| {} | {off} | {det} | {det_ci} | {dv} | {dci} | {loc} | {loc_ci} | {calls} | {calls_ci} |\n",
+            "| {} | {off} | {det} | {det_ci} | {dv} | {dci} | {fpr} | {fpr_ci} | {loc} | {loc_ci} | {calls} | {calls_ci} |\n",
             run.detector
         ));
     }

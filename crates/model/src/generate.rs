@@ -271,6 +271,16 @@ impl Model {
     /// adapter, appending to `cache`, and returns the logits after each row's last token,
     /// `(batch, vocab)`. Chunks are left-padded to a common length; padding is masked.
     pub fn feed(&self, cache: &mut KvCache, chunks: &[Vec<u32>]) -> Result<Tensor> {
+        let hidden = self.feed_hidden(cache, chunks)?;
+        let len = hidden.dim(1)?;
+        let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
+        self.logits(&last)
+    }
+
+    /// [`Model::feed`] without the LM head: the final-normed hidden states of every fed
+    /// position, `(batch, len, hidden)` (left padding included). A cache filled with a shared
+    /// prefix (a system prompt) can be cloned and fed each continuation.
+    pub fn feed_hidden(&self, cache: &mut KvCache, chunks: &[Vec<u32>]) -> Result<Tensor> {
         let adapter_name = self.active.clone();
         match &cache.adapter {
             Some(a) if *a != adapter_name => {
@@ -328,11 +338,7 @@ impl Model {
             Some(&mut cache.layers),
             opts,
         )?;
-        let last = hidden
-            .reshape((b, len, self.config.hidden_size))?
-            .narrow(1, len - 1, 1)?
-            .squeeze(1)?;
-        self.logits(&last)
+        Ok(hidden.reshape((b, len, self.config.hidden_size))?)
     }
 }
 

@@ -608,6 +608,32 @@ impl Model {
         self.rms_norm(&x, &self.final_norm, opts.fused)
     }
 
+    /// The final-normed hidden states `(seq, hidden)` of one sequence through the fused
+    /// inference kernels with `adapter` (`None`: the base), without a cache or gradients: the
+    /// features a decision head reads from a whole conversation.
+    pub fn hidden(&self, ids: &[u32], adapter: Option<&str>) -> Result<Tensor> {
+        let adapter = adapter.map(|n| self.adapter_or_err(n)).transpose()?;
+        let t = ids.len();
+        if t == 0 {
+            return Err(ModelError::InvalidArgument("empty sequence".into()));
+        }
+        let vocab = self.config.vocab_size as u32;
+        if let Some((i, bad)) = ids.iter().enumerate().find(|(_, &id)| id >= vocab) {
+            return Err(ModelError::InvalidArgument(format!(
+                "token {i} = {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let positions = vec![(0..t as u32).collect::<Vec<u32>>()];
+        let bias = self.attention_bias(&[vec![1u8; t]], 0, t)?;
+        let flat = Tensor::from_slice(ids, t, &self.device)?;
+        let opts = PassOptions {
+            adapter,
+            fused: true,
+            dropout: false,
+        };
+        self.forward_hidden(&flat, 1, t, &positions, &bias, None, opts)
+    }
+
     /// Next-token logits `(rows, vocab)` for final-normed hidden states `(rows, hidden)`.
     /// Differentiable in `hidden`; the head itself is frozen.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {

@@ -435,3 +435,31 @@ fn logits_of_chosen_rows_match_the_full_pass_and_its_gradients() {
         );
     }
 }
+
+/// The inference path's hidden states of one sequence (`Model::hidden`, fused kernels, the
+/// decision head's features) agree with the training path's.
+#[test]
+fn hidden_states_of_the_fused_path_match_the_training_path() {
+    let cfg = tiny_config(Arch::Llama, true);
+    let mut m = Model::random(cfg, DType::F32, &Device::Cpu, 41).unwrap();
+    m.add_adapter("a", LoraConfig::default(), 2).unwrap();
+    randomize_b(&m, "a", 9);
+    let tokens: Vec<u32> = (0..12u32).map(|i| (i * 7 + 3) % 32).collect();
+    let ids = Tensor::new(tokens.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, tokens.len()), DType::U32, &Device::Cpu).unwrap();
+    for adapter in [None, Some("a")] {
+        let fused = m.hidden(&tokens, adapter).unwrap();
+        let train = m
+            .hidden_train_with(&ids, &mask, adapter)
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+        assert_eq!(fused.dims(), train.dims());
+        assert!(max_abs_diff(&fused, &train) < 1e-4, "{adapter:?}");
+    }
+    assert!(m.hidden(&[], None).is_err());
+    assert!(m.hidden(&[1_000_000], None).is_err());
+}

@@ -8,6 +8,8 @@
 //!   small model always writes a well-formed call and a valid answer.
 //! - [`detector`]: [`LearnedDetector`], a `detect::Policy` over a shared [`PolicyModel`].
 //! - [`injector`]: the Injector's choice among the engine's valid injections.
+//! - [`decision`]: the Detector's answer as one whole choice: the probe battery's digests
+//!   read by the model, then a softmax head over the types (and `none`) and the components.
 //! - [`demonstration`]: an expert transcript rewritten as the learned Detector's conversation
 //!   (supervised warm start).
 //! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
@@ -20,6 +22,7 @@
 
 pub mod baseline;
 pub mod chat;
+pub mod decision;
 pub mod demonstration;
 pub mod detector;
 pub mod grammar;
@@ -48,6 +51,9 @@ pub enum PolicyError {
     /// A prompt that cannot fit its budget (the one-prompt baselines).
     #[error("prompt: {0}")]
     Prompt(String),
+    /// A decision head file that cannot be read or written.
+    #[error("decision head: {0}")]
+    Io(String),
 }
 
 pub type Result<T> = std::result::Result<T, PolicyError>;

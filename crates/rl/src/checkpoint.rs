@@ -44,11 +44,20 @@ pub fn step_dir(run: &Path, step: u64) -> PathBuf {
     run.join(format!("step-{step}"))
 }
 
-/// Writes a checkpoint of `adapters` (name and optimizer) and `state` into `RUN/step-N/`.
+/// A decision head saved with an adapter: (adapter, head, its warm-started reference).
+pub type Heads<'a> = Option<(
+    &'a str,
+    &'a policy::decision::DecisionHead,
+    &'a policy::decision::DecisionHead,
+)>;
+
+/// Writes a checkpoint of `adapters` (name and optimizer), the decision head if there is one,
+/// and `state` into `RUN/step-N/`.
 pub fn save(
     run: &Path,
     model: &Model,
     adapters: &[(&str, &AdamW)],
+    heads: Heads<'_>,
     state: &TrainerState,
     config_text: &str,
 ) -> Result<PathBuf> {
@@ -72,6 +81,12 @@ pub fn save(
         );
         let path = tmp.join(format!("optimizer-{name}.safetensors"));
         candle_core::safetensors::save(&tensors, &path)?;
+    }
+    if let Some((adapter, head, reference)) = heads {
+        let dir = tmp.join(adapter);
+        std::fs::create_dir_all(&dir).map_err(|e| RlError::io(&dir, e))?;
+        head.save(&dir.join(policy::decision::HEAD_FILE))?;
+        reference.save(&dir.join(policy::decision::REFERENCE_HEAD_FILE))?;
     }
     let json = serde_json::to_string_pretty(state).expect("state serialises");
     let write = |file: &str, bytes: &[u8]| {

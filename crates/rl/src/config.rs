@@ -29,6 +29,54 @@ pub struct RunConfig {
     pub sft: SftConfig,
     #[serde(default)]
     pub eval: EvalConfig,
+    #[serde(default)]
+    pub head: HeadConfig,
+}
+
+/// How the Detector decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    /// Free-form `sql:`/`bash:` calls and an answer spelt token by token under the grammar
+    /// (for models able to write queries).
+    #[default]
+    Tokens,
+    /// The probe library, then one whole choice among the types and `none` through a decision
+    /// head on the model's hidden states (`policy::decision`; the CPU default).
+    Head,
+}
+
+/// The decision head's fit (warm start) and its PPO updates (`decision = "head"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeadConfig {
+    /// L2 penalty of the fit, per example (2.5e-3 is scikit-learn's default `C = 1` on about
+    /// 400 training traces).
+    pub l2: f64,
+    /// Adam's step size in the fit.
+    pub lr: f64,
+    /// Most epochs of the fit; it stops earlier when the train split's top-1 accuracy has not
+    /// risen for `patience` epochs.
+    pub max_epochs: usize,
+    pub patience: usize,
+    /// Step size of the head's PPO updates (plain gradient steps).
+    pub ppo_lr: f64,
+    /// Train-split traces replayed in each PPO step beside the live ones, so that every type
+    /// keeps appearing in the batches (the Injector plants only a few types a step).
+    pub replay: usize,
+}
+
+impl Default for HeadConfig {
+    fn default() -> Self {
+        HeadConfig {
+            l2: 2.5e-3,
+            lr: 0.02,
+            max_epochs: 400,
+            patience: 60,
+            ppo_lr: 0.5,
+            replay: 24,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +203,8 @@ pub struct DetectorSection {
     /// trace form a group and the `group` baseline compares them with each other (as GRPO
     /// does), so a trace's difficulty no longer passes for the quality of an investigation.
     pub samples_per_trace: usize,
+    /// `tokens` or `head` (see [`Decision`]).
+    pub decision: Decision,
 }
 
 impl Default for DetectorSection {
@@ -165,6 +215,7 @@ impl Default for DetectorSection {
             observation_chars: 400,
             temperature: 1.0,
             samples_per_trace: 1,
+            decision: Decision::Tokens,
         }
     }
 }
@@ -438,6 +489,26 @@ impl RunConfig {
                 "needs a corpus to read the validated combinations from (`[eval] corpus`)",
             );
         }
+        if self.detector.decision == Decision::Head {
+            if self.higher_order.enabled {
+                return bad(
+                    "higher_order.enabled",
+                    "higher-order reviews are token conversations; with `detector.decision = \"head\"` set it to false",
+                );
+            }
+            if self.eval.corpus.is_empty() {
+                return bad(
+                    "detector.decision",
+                    "the decision head is fitted on a corpus's train split: set `[eval] corpus`",
+                );
+            }
+            if !(self.head.lr > 0.0 && self.head.ppo_lr > 0.0 && self.head.l2 >= 0.0) {
+                return bad(
+                    "head.lr / head.ppo_lr / head.l2",
+                    "must be positive (l2 may be 0)",
+                );
+            }
+        }
         if !(self.sft.decision_weight > 0.0 && self.sft.decision_weight.is_finite()) {
             return bad("sft.decision_weight", "must be a positive number");
         }
@@ -513,6 +584,14 @@ mod tests {
                 "injector.validated_only",
             ),
             ("[sft]\ndecision_weight = 0.0\n", "sft.decision_weight"),
+            (
+                "[detector]\ndecision = \"head\"\n[eval]\ncorpus = \"c\"\n",
+                "higher_order.enabled",
+            ),
+            (
+                "[detector]\ndecision = \"head\"\n[higher_order]\nenabled = false\n",
+                "detector.decision",
+            ),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()

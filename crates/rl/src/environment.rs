@@ -74,7 +74,7 @@ impl CorpusPrior {
             if let Some(v) = &mut prior.validated {
                 v.insert((r.agent.clone(), r.deficiency.clone(), r.variant.clone()));
             }
-            if r.split == held_out_split {
+            if held_out_split.split('+').any(|s| s == r.split) {
                 prior
                     .held_out
                     .insert((r.agent, r.deficiency, r.variant, r.task));

@@ -29,10 +29,16 @@ pub struct SplitTraces {
 /// (0: all). A split lists its records type by type and agent by agent, so a plain prefix of
 /// it would hold a few types of one agent; a bounded selection takes the deficiency types in
 /// turn, and within a type the agents in turn ([`interleave`]).
+/// `split` may join several splits with `+` (`val+test`: the traces of both, in that order).
 pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTraces> {
     let db = corpus.join("store.sqlite");
-    let ids = store_eval::read_split(&corpus.join("splits").join(format!("{split}.jsonl")))
-        .map_err(eval_err)?;
+    let mut ids = Vec::new();
+    for name in split.split('+') {
+        ids.extend(
+            store_eval::read_split(&corpus.join("splits").join(format!("{name}.jsonl")))
+                .map_err(eval_err)?,
+        );
+    }
     let mut traces = store_eval::labelled_traces(&db, Some(&ids)).map_err(eval_err)?;
     if max > 0 && traces.len() > max {
         traces = interleave(interleave(traces, |t| t.agent.clone()), |t| {
@@ -166,10 +172,43 @@ pub fn learned_config(max_turns: usize) -> Config {
 /// Held-out accuracy of a learned Detector.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Accuracy {
+    /// Over the deficient traces (labelled with a type, not `none`).
     pub detection: f64,
     pub localisation: f64,
     pub avg_tool_calls: f64,
     pub n: usize,
+    /// Healthy traces called deficient, over the healthy traces (`None`: the split has none).
+    pub false_positive_rate: Option<f64>,
+}
+
+/// The trainer's figures of a set of evaluated cases.
+pub fn accuracy(cases: &[eval::metrics::Case]) -> Accuracy {
+    let deficient: Vec<&eval::metrics::Case> = cases
+        .iter()
+        .filter(|c| !eval::metrics::healthy(c))
+        .collect();
+    let n = deficient.len().max(1) as f64;
+    let fp: Vec<bool> = cases
+        .iter()
+        .filter_map(eval::metrics::false_positive)
+        .collect();
+    Accuracy {
+        detection: deficient
+            .iter()
+            .filter(|c| eval::metrics::detected(c))
+            .count() as f64
+            / n,
+        localisation: deficient
+            .iter()
+            .filter(|c| eval::metrics::localised(c) == Some(true))
+            .count() as f64
+            / n,
+        avg_tool_calls: cases.iter().map(|c| c.tool_calls as f64).sum::<f64>()
+            / cases.len().max(1) as f64,
+        n: cases.len(),
+        false_positive_rate: (!fp.is_empty())
+            .then(|| fp.iter().filter(|f| **f).count() as f64 / fp.len() as f64),
+    }
 }
 
 /// Investigates every trace of `split` greedily with `options.adapter`.
@@ -198,17 +237,29 @@ pub fn evaluate(
         |c| on_done(c),
     )
     .map_err(eval_err)?;
-    let n = cases.len().max(1) as f64;
-    Ok(Accuracy {
-        detection: cases.iter().filter(|c| eval::metrics::detected(c)).count() as f64 / n,
-        localisation: cases
-            .iter()
-            .filter(|c| eval::metrics::localised(c) == Some(true))
-            .count() as f64
-            / n,
-        avg_tool_calls: cases.iter().map(|c| c.tool_calls as f64).sum::<f64>() / n,
-        n: cases.len(),
-    })
+    Ok(accuracy(&cases))
+}
+
+/// Investigates every trace of `split` with the probe battery and the decision head (greedy).
+pub fn evaluate_head(
+    shared: &SharedModel,
+    head: &Arc<policy::decision::DecisionHead>,
+    adapter: &str,
+    system: &Arc<String>,
+    cache: Option<&Path>,
+    split: &SplitTraces,
+    mut on_done: impl FnMut(&eval::metrics::Case),
+) -> Result<Accuracy> {
+    let reader = crate::head::reader(shared, adapter, system, cache)?;
+    let cases = store_eval::run_policies(
+        &split.db,
+        &split.traces,
+        learned_config(detect::probes::LIBRARY.len() + 1),
+        |_| Ok(crate::head::evaluation_policy(shared, head, &reader)),
+        |c| on_done(c),
+    )
+    .map_err(eval_err)?;
+    Ok(accuracy(&cases))
 }
 
 /// The expert's investigations of `split`, rewritten as the learned Detector's conversations;

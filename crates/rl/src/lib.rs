@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod environment;
 pub mod evaluate;
+pub mod head;
 pub mod higher_order;
 pub mod metrics;
 pub mod ppo;

@@ -46,6 +46,19 @@ pub struct StepMetrics {
     /// Mean reward of the higher-order (review) examples.
     pub reward_review: Option<f64>,
     pub seconds: Option<f64>,
+    /// The decision head's fit (warm start, `phase` "sft-head"): the epoch, and the answer's
+    /// mean NLL and top-1/top-5 accuracy on the train split and on the validation split.
+    pub epoch: Option<usize>,
+    pub answer_nll: Option<f64>,
+    pub answer_top1: Option<f64>,
+    pub answer_top5: Option<f64>,
+    pub val_answer_nll: Option<f64>,
+    pub val_answer_top1: Option<f64>,
+    pub val_answer_top5: Option<f64>,
+    /// PPO on the decision head: KL(π ‖ π_warm-start) over the answer distribution, and
+    /// whether the batch carried no advantage (and so took no step).
+    pub head_kl: Option<f64>,
+    pub skipped_update: Option<bool>,
 }
 
 /// One held-out evaluation.
@@ -59,6 +72,9 @@ pub struct EvalMetrics {
     pub n: usize,
     /// `sft` (the warm-started policy before any PPO step), `ppo`, or `base`.
     pub policy: String,
+    /// Healthy traces called deficient, over the split's healthy traces (absent: none there).
+    #[serde(default)]
+    pub false_positive_rate: Option<f64>,
 }
 
 /// One held-out case of an evaluation (`eval-cases.jsonl`): what the Detector answered on each

@@ -315,6 +315,16 @@ pub fn update(
         ..PpoStats::default()
     };
 
+    // A batch without advantage teaches nothing: with the group baseline the KL term alone
+    // would pull the policy back towards the reference, so no step is taken at all.
+    if !use_critic
+        && prepared
+            .iter()
+            .all(|p| p.advantages.iter().all(|a| *a == 0.0))
+    {
+        return Ok(stats);
+    }
+
     // 2. Epochs of the clipped objective, one episode at a time (gradients accumulate).
     for _ in 0..cfg.epochs {
         let mut grads = Gradients::new(vars.clone());

@@ -17,6 +17,53 @@ pub struct RunLog {
     pub name: String,
     pub steps: Vec<StepMetrics>,
     pub evals: Vec<EvalMetrics>,
+    /// Per held-out trace and evaluation: (step, policy, trace id, detected); healthy traces
+    /// are left out (`eval-cases.jsonl`, absent in older runs).
+    pub cases: Vec<(u64, String, String, bool)>,
+}
+
+/// The deficient cases of `eval-cases.jsonl` as (step, policy, trace id, detected).
+fn read_cases(path: &Path) -> Result<Vec<(u64, String, String, bool)>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for v in metrics::read_jsonl::<serde_json::Value>(path)? {
+        let truth = v["truth"]["deficiency_id"].as_str().unwrap_or_default();
+        if truth.eq_ignore_ascii_case(taxonomy::NONE) {
+            continue;
+        }
+        let predicted = v["predicted"]["deficiency_id"].as_str().unwrap_or_default();
+        out.push((
+            v["step"].as_u64().unwrap_or_default(),
+            v["policy"].as_str().unwrap_or_default().to_owned(),
+            v["trace_id"].as_str().unwrap_or_default().to_owned(),
+            predicted.eq_ignore_ascii_case(truth),
+        ));
+    }
+    Ok(out)
+}
+
+/// The paired difference in held-out detection, SFT + PPO (the last `ppo` evaluation) less
+/// SFT only (step 0), over the deficient traces both evaluated, with a bootstrap interval.
+pub fn paired_gain(log: &RunLog) -> Option<eval::Estimate> {
+    let after = log.after()?.step;
+    let before: std::collections::BTreeMap<&str, bool> = log
+        .cases
+        .iter()
+        .filter(|c| c.0 == 0 && c.1 == "sft")
+        .map(|c| (c.2.as_str(), c.3))
+        .collect();
+    let diffs: Vec<f64> = log
+        .cases
+        .iter()
+        .filter(|c| c.0 == after && c.1 == "ppo")
+        .filter_map(|c| {
+            let b = before.get(c.2.as_str())?;
+            Some(f64::from(u8::from(c.3)) - f64::from(u8::from(*b)))
+        })
+        .collect();
+    eval::bootstrap::mean(&diffs, &eval::Bootstrap::default())
 }
 
 impl RunLog {
@@ -30,6 +77,7 @@ impl RunLog {
             name,
             steps: metrics::read_jsonl(&run.join("metrics.jsonl"))?,
             evals: metrics::read_jsonl(&run.join("eval.jsonl"))?,
+            cases: read_cases(&run.join("eval-cases.jsonl"))?,
         })
     }
 
@@ -70,17 +118,44 @@ pub fn markdown(log: &RunLog) -> String {
         log.evals.len()
     );
 
+    let fit: Vec<&StepMetrics> = log.steps.iter().filter(|m| m.phase == "sft-head").collect();
+    if !fit.is_empty() {
+        s.push_str("## Warm start: the decision head's fit\n\n");
+        s.push_str("What the answer has learned, epoch by epoch: its mean negative log-likelihood and top-1/top-5 accuracy on the train split and on the validation split.\n\n");
+        s.push_str(
+            "| epoch | train NLL | train top-1 | train top-5 | val NLL | val top-1 | val top-5 |\n",
+        );
+        s.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
+        for m in &fit {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                m.epoch.map_or("–".into(), |e| e.to_string()),
+                opt(m.answer_nll, 3),
+                m.answer_top1.map_or("–".into(), pct),
+                m.answer_top5.map_or("–".into(), pct),
+                opt(m.val_answer_nll, 3),
+                m.val_answer_top1.map_or("–".into(), pct),
+                m.val_answer_top5.map_or("–".into(), pct),
+            );
+        }
+        s.push('\n');
+    }
+
     s.push_str("## Held-out detection: SFT only against SFT + PPO\n\n");
-    s.push_str("| policy | step | traces | detection | localisation | tool calls |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|\n");
+    s.push_str(
+        "| policy | step | traces | detection | false positives | localisation | tool calls |\n",
+    );
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
     for e in &log.evals {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} |",
             e.policy,
             e.step,
             e.n,
             pct(e.detection_accuracy),
+            e.false_positive_rate.map_or("–".into(), pct),
             pct(e.localisation_accuracy),
             e.avg_tool_calls
         );
@@ -95,6 +170,16 @@ pub fn markdown(log: &RunLog) -> String {
                 pct(b.detection_accuracy),
                 pct(a.detection_accuracy)
             );
+            if let Some(g) = paired_gain(log) {
+                let _ = writeln!(
+                    s,
+                    "Paired on the same {} deficient traces: {:+.1} points, 95% bootstrap interval [{:+.1}, {:+.1}].\n",
+                    g.n,
+                    100.0 * g.value,
+                    100.0 * g.lo,
+                    100.0 * g.hi
+                );
+            }
         }
         _ => s.push_str(
             "\nNo before/after pair yet (the run has no held-out evaluation after PPO).\n\n",
@@ -122,7 +207,7 @@ pub fn markdown(log: &RunLog) -> String {
             opt(m.query_depth, 2),
             opt(m.reward_injector, 3),
             opt(m.reward_detector, 3),
-            opt(m.kl, 4),
+            opt(m.kl.or(m.head_kl), 4),
             opt(m.clip_fraction, 3),
             opt(m.episodes_per_min, 2),
             opt(m.tokens_per_s, 1),
@@ -180,6 +265,7 @@ mod tests {
             avg_tool_calls: 2.0,
             n: 12,
             policy: policy.into(),
+            false_positive_rate: None,
         }
     }
 

@@ -16,16 +16,19 @@ use std::time::{Duration, Instant};
 
 use detect::policies::KeywordPolicy;
 use detect::Verdict;
+use eval::store_eval::Labelled;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{AdamW, AdamWConfig, DType, Device, LoraConfig, Projection};
+use policy::decision::DecisionHead;
 use policy::{
     ActionGrammar, Conversation, DetectorOptions, LearnedDetector, PolicyModel, SharedModel,
 };
 
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
-use crate::config::{InjectorMode, RunConfig, Topology};
+use crate::config::{Decision, InjectorMode, RunConfig, Topology};
 use crate::environment::{self, CorpusPrior, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
+use crate::head::{self, HeadSample};
 use crate::higher_order::{self, FailedInvestigation};
 use crate::metrics::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::ppo::{self, Role, Sample};
@@ -66,6 +69,8 @@ struct Episode {
     /// The Detector's investigations of the episode's trace (`detector.samples_per_trace` of
     /// them); empty when the injection was not valid.
     detections: Vec<(Detection, Conversation, detect::Transcript)>,
+    /// With the decision head, each detection's sampled choice: (features, class, log-prob).
+    head_choices: Vec<(Vec<f32>, usize, f32)>,
 }
 
 /// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
@@ -101,6 +106,12 @@ pub struct Trainer {
     optimizers: BTreeMap<String, AdamW>,
     state: TrainerState,
     keyword: KeywordPolicy,
+    /// The Detector's decision head and its warm-started reference (`decision = "head"`).
+    heads: Option<(DecisionHead, DecisionHead)>,
+    /// The decision's system prompt: the catalog's ids with their short names.
+    decision_system: Arc<String>,
+    /// Train-split traces with their features, replayed in each PPO step (`decision = "head"`).
+    replay: Vec<(Labelled, Vec<f32>)>,
 }
 
 impl Trainer {
@@ -184,6 +195,7 @@ impl Trainer {
                 pm.model.add_value_head(name)?;
             }
         }
+        let mut heads = None;
         let mut state = TrainerState {
             seed: config.run.seed,
             rng_scheme: RNG_SCHEME.into(),
@@ -193,6 +205,10 @@ impl Trainer {
             if let Some((step, dir)) = &latest {
                 for name in &names {
                     checkpoint::load_adapter(&mut pm.model, dir, name)?;
+                }
+                if config.detector.decision == Decision::Head {
+                    let detector = adapter_names(config.run.topology)[0];
+                    heads = head::load(dir, detector)?;
                 }
                 state = checkpoint::read_state(dir)?;
                 for file in metrics::RUN_LOGS {
@@ -222,6 +238,7 @@ impl Trainer {
             &policy::grammar::LEARNED_TOOLS,
         )?);
         Ok(Trainer {
+            decision_system: Arc::new(policy::decision::system_prompt(&catalog)),
             config,
             config_text: config_text.to_owned(),
             options,
@@ -230,6 +247,8 @@ impl Trainer {
             optimizers,
             state,
             keyword: KeywordPolicy::new().map_err(RlError::Environment)?,
+            heads,
+            replay: Vec::new(),
         })
     }
 
@@ -257,10 +276,15 @@ impl Trainer {
             .iter()
             .map(|(n, o)| (n.as_str(), o))
             .collect();
+        let heads = self
+            .heads
+            .as_ref()
+            .map(|(h, r)| (self.adapter(Role::Detector), h, r));
         checkpoint::save(
             &self.options.run_dir,
             &pm.model,
             &adapters,
+            heads,
             &self.state,
             &self.config_text,
         )
@@ -297,21 +321,33 @@ impl Trainer {
         );
         let mut right = 0;
         let mut cases = Vec::new();
-        let acc = evaluate::evaluate(
-            &self.shared,
-            &self.grammar,
-            &self.detector_options(0),
-            self.config.detector.max_turns,
-            split,
-            |case| {
-                if eval::metrics::detected(case) {
-                    right += 1;
-                }
-                cases.push(case.clone());
-                bar.inc(1);
-                bar.set_message(format!("{right} detected"));
-            },
-        )?;
+        let on_done = |case: &eval::metrics::Case| {
+            if eval::metrics::detected(case) {
+                right += 1;
+            }
+            cases.push(case.clone());
+            bar.inc(1);
+            bar.set_message(format!("{right} right"));
+        };
+        let acc = match &self.heads {
+            Some((h, _)) => evaluate::evaluate_head(
+                &self.shared,
+                &Arc::new(h.clone()),
+                self.adapter(Role::Detector),
+                &self.decision_system,
+                Some(&self.feature_cache()),
+                split,
+                on_done,
+            )?,
+            None => evaluate::evaluate(
+                &self.shared,
+                &self.grammar,
+                &self.detector_options(0),
+                self.config.detector.max_turns,
+                split,
+                on_done,
+            )?,
+        };
         bar.finish_and_clear();
         let cases: Vec<EvalCase> = cases
             .into_iter()
@@ -332,13 +368,125 @@ impl Trainer {
                 avg_tool_calls: acc.avg_tool_calls,
                 n: acc.n,
                 policy: label.into(),
+                false_positive_rate: acc.false_positive_rate,
             },
         )?;
         Ok(acc)
     }
 
+    /// Where the decision head's features are kept, beside the runs (`RUNS_DIR/.feature-cache`):
+    /// the frozen model reads a trace the same way in every evaluation and every seed.
+    fn feature_cache(&self) -> PathBuf {
+        self.options
+            .run_dir
+            .parent()
+            .unwrap_or(&self.options.run_dir)
+            .join(".feature-cache")
+    }
+
+    /// The Detector's feature reader (its adapter, the decision's system prompt, the cache).
+    fn head_reader(&self) -> Result<Arc<policy::decision::FeatureReader>> {
+        head::reader(
+            &self.shared,
+            self.adapter(Role::Detector),
+            &self.decision_system,
+            Some(&self.feature_cache()),
+        )
+    }
+
+    /// The probe battery's features of every trace of `split` (decision head).
+    fn battery_features(&self, split: &SplitTraces, what: &str) -> Result<Vec<Vec<f32>>> {
+        let batteries = eval::classifier::battery(&split.db, &split.traces)
+            .map_err(|e| RlError::Environment(e.to_string()))?;
+        let bar = self.bar(
+            batteries.len() as u64,
+            &format!("read  {{bar:30}} {{pos}}/{{len}} {what} traces"),
+        );
+        let reader = self.head_reader()?;
+        let x = head::features(&reader, &self.shared, &batteries, |i| {
+            bar.set_position(i as u64)
+        })?;
+        bar.finish_and_clear();
+        Ok(x)
+    }
+
+    /// The train split with its features, for the head's fit and PPO's replay.
+    fn train_features(&self) -> Result<(SplitTraces, Vec<Vec<f32>>)> {
+        let corpus = self.options.root.join(&self.config.eval.corpus);
+        let train = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
+        let x = self.battery_features(&train, "train")?;
+        Ok((train, x))
+    }
+
+    /// Warm start of the decision head: the language model reads every train trace's probe
+    /// battery once, and a softmax over its features is fitted to the labels (types and
+    /// `none`; components), its fit logged on train and validation epoch by epoch.
+    fn warm_start_head(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let corpus = self.options.root.join(&self.config.eval.corpus);
+        let (train, train_x) = self.train_features()?;
+        let val = evaluate::split_traces(&corpus, "val", 0).ok();
+        let val_x = match &val {
+            Some(v) => Some(self.battery_features(v, "val")?),
+            None => None,
+        };
+        let h = &self.config.head;
+        let options = linear::FitOptions {
+            l2: h.l2 as f32,
+            lr: h.lr as f32,
+            max_epochs: h.max_epochs,
+            patience: h.patience,
+            log_every: 10,
+            standardise: true,
+        };
+        let mut lines = Vec::new();
+        let fitted = head::fit(
+            &train.traces,
+            &train_x,
+            val.as_ref()
+                .zip(val_x.as_ref())
+                .map(|(v, x)| (v.traces.as_slice(), x.as_slice())),
+            &options,
+            |l| {
+                lines.push(StepMetrics {
+                    step: 0,
+                    phase: "sft-head".into(),
+                    unix_ms: unix_ms(),
+                    sft_loss: Some(l.train_nll),
+                    epoch: Some(l.epoch),
+                    answer_nll: Some(l.train_nll),
+                    answer_top1: Some(l.train_top1),
+                    answer_top5: Some(l.train_top5),
+                    val_answer_nll: l.val_nll,
+                    val_answer_top1: l.val_top1,
+                    val_answer_top5: l.val_top5,
+                    episodes: Some(train.traces.len()),
+                    ..StepMetrics::default()
+                })
+            },
+        )?;
+        if let Some(last) = lines.last_mut() {
+            last.seconds = Some(started.elapsed().as_secs_f64());
+            tracing::info!(
+                epochs = last.epoch,
+                train_top1 = last.answer_top1,
+                val_top1 = last.val_answer_top1,
+                types = fitted.types.len(),
+                "decision head fitted"
+            );
+        }
+        metrics::append_all(&self.options.run_dir.join("metrics.jsonl"), &lines)?;
+        self.heads = Some((fitted.clone(), fitted));
+        self.replay = train.traces.into_iter().zip(train_x).collect();
+        self.state.warm_started = true;
+        Ok(())
+    }
+
     /// Supervised warm start on the expert's demonstrations of the corpus's train split.
     fn warm_start(&mut self) -> Result<()> {
+        if self.config.detector.decision == Decision::Head {
+            return self.warm_start_head();
+        }
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let split = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
         let split = evaluate::rekey(&split, &self.options.run_dir.join("demonstrations.sqlite"))?;
@@ -454,6 +602,19 @@ impl Trainer {
         }
         if self.options.sft_only {
             return Ok(outcome);
+        }
+        if self.config.detector.decision == Decision::Head {
+            if self.heads.is_none() {
+                return Err(RlError::Environment(
+                    "`detector.decision = \"head\"` but the run has no decision head (its warm start did not run)".into(),
+                ));
+            }
+            if self.replay.is_empty() && self.config.head.replay > 0 {
+                // A resumed run reads the train split again (the same features: greedy, no
+                // randomness).
+                let (train, x) = self.train_features()?;
+                self.replay = train.traces.into_iter().zip(x).collect();
+            }
         }
 
         let mut env = Environment::new(
@@ -583,6 +744,7 @@ impl Trainer {
                 injector: choice.conversation,
                 manifest: None,
                 detections: Vec::new(),
+                head_choices: Vec::new(),
             });
         }
 
@@ -593,9 +755,13 @@ impl Trainer {
         evaluate::remove_store(&store_path)?;
         let mut store = traces::Store::open(&store_path)
             .map_err(|e| RlError::Environment(format!("{}: {e}", store_path.display())))?;
+        let max_turns = match self.heads {
+            Some(_) => detect::probes::LIBRARY.len() + 1,
+            None => self.config.detector.max_turns,
+        };
         let detector = detect::Detector::new(
             store_path.clone(),
-            evaluate::learned_config(self.config.detector.max_turns),
+            evaluate::learned_config(max_turns),
             false,
         )
         .map_err(|e| RlError::Environment(e.to_string()))?;
@@ -630,7 +796,16 @@ impl Trainer {
                 if manifest.validation.valid {
                     let trace_id = format!("t{step:05}{i:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
+                    if let Some((h, _)) = &self.heads {
+                        let (detections, choices) =
+                            self.investigate_head(&detector, h, &trace_id, step, i)?;
+                        episodes[i].detections.extend(detections);
+                        episodes[i].head_choices.extend(choices);
+                    }
                     for k in 0..per_trace {
+                        if self.heads.is_some() {
+                            break;
+                        }
                         let sink = Arc::new(Mutex::new(Conversation::new()));
                         let policy = LearnedDetector::new(
                             Arc::clone(&self.shared),
@@ -678,6 +853,7 @@ impl Trainer {
         let w = &self.config.reward;
         let mut samples_inj = Vec::new();
         let mut samples_det = Vec::new();
+        let mut samples_head: Vec<HeadSample> = Vec::new();
         let (mut r_inj_sum, mut r_det_sum, mut detected, mut localised, mut calls) =
             (0.0, 0.0, 0usize, 0usize, 0usize);
         let mut new_failures: Vec<FailedInvestigation> = Vec::new();
@@ -739,6 +915,15 @@ impl Trainer {
                     {
                         new_failures.push(f);
                     }
+                }
+                if let Some((features, action, old_log_prob)) = e.head_choices.get(j) {
+                    samples_head.push(HeadSample {
+                        features: features.clone(),
+                        action: *action,
+                        old_log_prob: *old_log_prob,
+                        reward: if w.joint { r_inj_j + r_det } else { r_det },
+                        group: 1 + i as u64,
+                    });
                 }
                 if conversation.generated_count() > 0 {
                     samples_det.push(Sample {
@@ -841,6 +1026,7 @@ impl Trainer {
                 entropy_coef,
             )?);
         }
+        let head_stats = self.update_head(env, step, samples_head)?;
         let weighted = |f: fn(&ppo::PpoStats) -> f64| {
             let t: usize = stats.iter().map(|s| s.tokens).sum();
             (t > 0).then(|| stats.iter().map(|s| f(s) * s.tokens as f64).sum::<f64>() / t as f64)
@@ -865,10 +1051,7 @@ impl Trainer {
             injection_entropy: Some(metrics::entropy_of(&chosen_types)),
             query_depth: per_inv(calls as f64),
             kl: weighted(|s| s.kl),
-            clip_fraction: weighted(|s| s.clip_fraction),
             value_loss: weighted(|s| s.value_loss),
-            policy_loss: weighted(|s| s.policy_loss),
-            entropy: weighted(|s| s.entropy),
             sft_loss: None,
             episodes_per_min: Some(nf / (secs / 60.0)),
             tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
@@ -878,7 +1061,173 @@ impl Trainer {
             higher_order: Some(n_reviews),
             reward_review: review_reward,
             seconds: Some(secs),
+            head_kl: head_stats.as_ref().map(|s| s.kl),
+            skipped_update: head_stats.as_ref().map(|s| s.skipped),
+            policy_loss: head_stats
+                .as_ref()
+                .map(|s| s.policy_loss)
+                .or(weighted(|s| s.policy_loss)),
+            entropy: head_stats
+                .as_ref()
+                .map(|s| s.entropy)
+                .or(weighted(|s| s.entropy)),
+            clip_fraction: head_stats
+                .as_ref()
+                .map(|s| s.clip_fraction)
+                .or(weighted(|s| s.clip_fraction)),
+            ..StepMetrics::default()
         })
+    }
+}
+
+impl Trainer {
+    /// One investigation of a live trace with the probe battery and the decision head, then
+    /// `samples_per_trace` choices sampled from the head's distribution over the same
+    /// features (the battery is deterministic; only the choice is random). Returns each
+    /// choice's detection and its (features, class, log-probability).
+    #[allow(clippy::type_complexity)]
+    fn investigate_head(
+        &self,
+        detector: &detect::Detector,
+        h: &DecisionHead,
+        trace_id: &str,
+        step: u64,
+        i: usize,
+    ) -> Result<(
+        Vec<(Detection, Conversation, detect::Transcript)>,
+        Vec<(Vec<f32>, usize, f32)>,
+    )> {
+        let seed = self.config.run.seed;
+        let per_trace = self.config.detector.samples_per_trace;
+        let temperature = self.config.detector.temperature;
+        let sink: head::Sink = Arc::new(Mutex::new(None));
+        let reader = self.head_reader()?;
+        let policy = policy::decision::policy(
+            Arc::clone(&self.shared),
+            Arc::new(h.clone()),
+            reader,
+            temperature,
+            unit(mix(seed, step, (i * per_trace) as u64, 3)),
+            Some(Arc::clone(&sink)),
+        );
+        let transcript = detector
+            .investigate(trace_id, policy)
+            .map_err(|e| RlError::Environment(format!("investigating {trace_id}: {e}")))?;
+        let investigated = sink
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                RlError::Environment(format!(
+                    "investigating {trace_id}: the probe battery ended without a decision ({})",
+                    transcript.outcome.describe()
+                ))
+            })?;
+        let calls = eval::store_eval::tool_calls(&transcript);
+        let mut detections = Vec::with_capacity(per_trace);
+        let mut choices = Vec::with_capacity(per_trace);
+        for k in 0..per_trace {
+            let d = if k == 0 {
+                investigated.decision.clone()
+            } else {
+                h.decide(
+                    &investigated.features,
+                    temperature,
+                    unit(mix(seed, step, (i * per_trace + k) as u64, 3)),
+                )
+            };
+            detections.push((
+                head_detection(h, &d, calls),
+                Conversation::new(),
+                transcript.clone(),
+            ));
+            choices.push((
+                investigated.features.clone(),
+                d.type_index,
+                d.type_log_probs[d.type_index],
+            ));
+        }
+        Ok((detections, choices))
+    }
+
+    /// The Detector's PPO step on its decision head: the live samples, plus `head.replay`
+    /// train-split traces decided afresh (`samples_per_trace` choices each), anchored at the
+    /// warm-started head. `None` when the Detector decides token by token.
+    fn update_head(
+        &mut self,
+        env: &Environment,
+        step: u64,
+        mut batch: Vec<HeadSample>,
+    ) -> Result<Option<head::HeadStats>> {
+        let Some((h, reference)) = &mut self.heads else {
+            return Ok(None);
+        };
+        let seed = self.config.run.seed;
+        let per_trace = self.config.detector.samples_per_trace;
+        let temperature = self.config.detector.temperature;
+        let w = &self.config.reward;
+        let calls = detect::probes::LIBRARY.len();
+        let take = self.config.head.replay.min(self.replay.len());
+        for j in 0..take {
+            let (t, x) =
+                &self.replay[(mix(seed, step, j as u64, 6) % self.replay.len() as u64) as usize];
+            let truth = reward::Truth {
+                deficiency: t.truth.deficiency_id.clone(),
+                component: t.truth.component.clone(),
+                file: t.truth.file.clone(),
+                function: t.truth.function.clone(),
+            };
+            let sites = t
+                .agent
+                .as_deref()
+                .and_then(|a| env.agent(a).ok())
+                .map(|a| a.sites.clone())
+                .unwrap_or_default();
+            for k in 0..per_trace {
+                let d = h.decide(
+                    x,
+                    temperature,
+                    unit(mix(seed, step, (j * per_trace + k) as u64, 7)),
+                );
+                let r = reward::detector_reward(&head_detection(h, &d, calls), &truth, &sites, w);
+                batch.push(HeadSample {
+                    features: x.clone(),
+                    action: d.type_index,
+                    old_log_prob: d.type_log_probs[d.type_index],
+                    reward: r,
+                    group: u64::MAX / 2 + j as u64,
+                });
+            }
+        }
+        let cfg = head::HeadPpo {
+            lr: self.config.head.ppo_lr,
+            epochs: self.config.ppo.epochs,
+            clip: self.config.ppo.clip,
+            kl_coef: self.config.ppo.kl_coef,
+        };
+        let stats = head::update(&mut h.type_model, &reference.type_model, &batch, &cfg);
+        tracing::debug!(?stats, "decision head update");
+        Ok(Some(stats))
+    }
+}
+
+/// A uniform number in [0, 1) from a mixed 64-bit value.
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What a head decision answers, as the reward sees it.
+fn head_detection(h: &DecisionHead, d: &policy::decision::Decision, calls: usize) -> Detection {
+    let ty = h.types[d.type_index].clone();
+    let component = if ty == policy::decision::NONE {
+        policy::decision::NO_COMPONENT.to_owned()
+    } else {
+        h.components[d.component_index].clone()
+    };
+    Detection {
+        deficiency: Some(ty),
+        component: Some(component),
+        tool_calls: calls,
     }
 }
 
@@ -914,6 +1263,7 @@ fn read_eval(run: &Path, step: u64) -> Result<Option<Accuracy>> {
                 localisation: m.localisation_accuracy,
                 avg_tool_calls: m.avg_tool_calls,
                 n: m.n,
+                false_positive_rate: m.false_positive_rate,
             }));
         }
     }

@@ -274,3 +274,95 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A small labelled corpus in `dir`: the synthetic scenarios three times over, two repeats
+/// in the train split, the third in val (even scenarios) or test (odd ones).
+fn synthetic_corpus(dir: &Path) {
+    std::fs::create_dir_all(dir.join("splits")).unwrap();
+    let labels = detect::synthetic::build_store(&dir.join("store.sqlite"), 3).unwrap();
+    let mut splits: HashMap<&str, String> = HashMap::new();
+    for (i, (trace_id, _)) in labels.iter().enumerate() {
+        let (scenario, repeat) = (i / 3, i % 3);
+        let split = match (repeat, scenario % 2) {
+            (0 | 1, _) => "train",
+            (_, 0) => "val",
+            _ => "test",
+        };
+        splits
+            .entry(split)
+            .or_default()
+            .push_str(&format!("{{\"trace_id\": \"{trace_id}\"}}\n"));
+    }
+    for (split, text) in splits {
+        std::fs::write(dir.join(format!("splits/{split}.jsonl")), text).unwrap();
+    }
+    std::fs::write(dir.join("corpus.jsonl"), "").unwrap();
+}
+
+#[test]
+fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    synthetic_corpus(&corpus);
+    let text = CONFIG
+        .replace(
+            "max_turns = 2",
+            "max_turns = 2\ndecision = \"head\"\nsamples_per_trace = 4",
+        )
+        .replace("[higher_order]\nper_step = 1", "[higher_order]\nenabled = false")
+        .replace(
+            "[eval]\ncorpus = \"\"",
+            &format!(
+                "[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
+                corpus.display()
+            ),
+        );
+    let run = |run_dir: &Path, resume: bool, max_steps: Option<u64>| {
+        let config = RunConfig::parse(&text, Path::new("head.toml")).unwrap();
+        let mut t = Trainer::with_model(config, &text, options(run_dir, resume, max_steps), tiny())
+            .unwrap();
+        t.run().unwrap()
+    };
+    let whole = dir.path().join("whole");
+    let outcome = run(&whole, false, None);
+    assert_eq!(outcome.last_step, 2);
+    let before = outcome.before.expect("evaluated after the warm start");
+    assert_eq!(before.n, 14, "every val and test trace was evaluated");
+    // The fit is logged epoch by epoch with the answer's loss and accuracy on train and val.
+    let lines = deterministic_metrics(&whole);
+    let fit: Vec<&serde_json::Value> = lines.iter().filter(|l| l["phase"] == "sft-head").collect();
+    assert!(fit.len() >= 2, "{lines:?}");
+    let (first, last) = (fit[0], fit[fit.len() - 1]);
+    assert!(last["answer_nll"].as_f64().unwrap() < first["answer_nll"].as_f64().unwrap());
+    assert!(last["answer_top1"].as_f64().unwrap() > 0.5, "{last}");
+    assert!(last["val_answer_top5"].is_number(), "{last}");
+    // PPO steps ran on the head: a KL to the warm-started head is logged for each.
+    let ppo: Vec<&serde_json::Value> = lines.iter().filter(|l| l["phase"] == "ppo").collect();
+    assert_eq!(ppo.len(), 2);
+    assert!(ppo.iter().all(|l| l["head_kl"].is_number()), "{ppo:?}");
+    let head = |run: &Path, step: u64, file: &str| {
+        std::fs::read_to_string(run.join(format!("step-{step}/detector/{file}"))).unwrap()
+    };
+    // The reference stays the warm start; the head itself moved unless no batch had signal.
+    assert_eq!(
+        head(&whole, 2, policy::decision::REFERENCE_HEAD_FILE),
+        head(&whole, 0, policy::decision::HEAD_FILE)
+    );
+    let moved = head(&whole, 2, policy::decision::HEAD_FILE)
+        != head(&whole, 0, policy::decision::HEAD_FILE);
+    let skipped = ppo.iter().all(|l| l["skipped_update"] == true);
+    assert!(
+        moved != skipped,
+        "moved {moved}, every update skipped {skipped}"
+    );
+
+    // Interrupted after step 1 and resumed: the same head and metrics as the whole run.
+    let split = dir.path().join("split");
+    assert_eq!(run(&split, false, Some(1)).last_step, 1);
+    assert_eq!(run(&split, true, None).last_step, 2);
+    assert_eq!(
+        head(&whole, 2, policy::decision::HEAD_FILE),
+        head(&split, 2, policy::decision::HEAD_FILE)
+    );
+    assert_eq!(deterministic_metrics(&whole), deterministic_metrics(&split));
+}

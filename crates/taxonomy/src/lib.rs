@@ -14,6 +14,11 @@ use std::path::{Path, PathBuf};
 
 pub use model::{Category, Component, Deficiency, Family, Manifestation, SourceFramework};
 
+/// The answer and label of a healthy trace: no deficiency. Not a catalog id; detectors may
+/// answer it and corpora label their clean runs with it, so that a detector is also judged on
+/// the runs a user mostly has, the healthy ones.
+pub const NONE: &str = "none";
+
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 }

@@ -340,7 +340,7 @@ impl ExpertPolicy {
                 "No specific signature fired; the run failed on its first unrecovered error.\nanswer: C5 orchestrator.fallback | {} error span(s) and no retry or alternative path",
                 self.num("error_count")
             ),
-            None => "No error and no structural signature fired; the run most likely stopped at the wrong time.\nanswer: C23 orchestrator.termination | no errors, no repetition, no refusals".into(),
+            None => "No error and no structural signature fired: the run looks healthy.\nanswer: none | no errors, no repetition, no refusals".into(),
         }
     }
 }

@@ -119,7 +119,7 @@ impl Policy for KeywordPolicy {
                 let hits = if shell { Self::hits_from_grep(first) } else { self.hits_from_text(first) };
                 let scores = self.score(&hits);
                 let Some((id, n, seen)) = scores.first() else {
-                    return Ok("No signature phrase matched; guessing the most common crash type.\nanswer: C5 orchestrator.fallback | no keyword matched".into());
+                    return Ok("No signature phrase matched: nothing points to a deficiency.\nanswer: none | no keyword matched".into());
                 };
                 let component = view
                     .system_prompt

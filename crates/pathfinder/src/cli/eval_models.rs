@@ -19,6 +19,8 @@ pub enum Named {
     Builtin(String),
     ZeroShot,
     Rag,
+    /// `classifier`: the linear reader of the probe digests, fitted on the train split.
+    Classifier,
     /// `checkpoint:DIR`, DIR a training run's `step-N` directory.
     Checkpoint(PathBuf),
 }
@@ -34,9 +36,10 @@ impl Named {
         match name {
             "zero-shot" => Ok(Named::ZeroShot),
             "rag" => Ok(Named::Rag),
+            "classifier" => Ok(Named::Classifier),
             n if store_eval::DETECTORS.contains(&n) => Ok(Named::Builtin(n.into())),
             n => bail!(
-                "unknown detector `{n}` for --db; expected {}, zero-shot, rag or checkpoint:DIR",
+                "unknown detector `{n}` for --db; expected {}, classifier, zero-shot, rag or checkpoint:DIR",
                 store_eval::DETECTORS.join(", ")
             ),
         }
@@ -110,6 +113,8 @@ pub fn load_baseline(path: &Path) -> Result<PolicyModel> {
 /// A trained Detector from `dir` (a `step-N` checkpoint): its run configuration, its base
 /// model and its Detector adapter, ready to investigate.
 pub struct Trained {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
     pub config: rl::RunConfig,
     pub model: PolicyModel,
     pub adapter: &'static str,
@@ -187,6 +192,7 @@ impl Trained {
         rl::checkpoint::load_adapter(&mut model.model, dir, adapter)
             .with_context(|| format!("loading the adapter {}", adapter_dir.display()))?;
         Ok(Trained {
+            dir: dir.to_path_buf(),
             config,
             model,
             adapter,
@@ -213,7 +219,29 @@ impl Trained {
             observation_chars: self.config.detector.observation_chars,
             seed: 0,
         };
+        let heads = rl::head::load(self.dir.as_path(), self.adapter)?;
         let shared: SharedModel = Arc::new(Mutex::new(self.model));
+        if let Some((head, _)) = heads {
+            // The whole-choice Detector: the probe battery, then the decision head.
+            let head = Arc::new(head);
+            let system = policy::decision::system_prompt(&catalog()?);
+            // The run's feature cache (RUNS_DIR/.feature-cache): the frozen model read these
+            // traces the same way during training.
+            let cache = self
+                .dir
+                .parent()
+                .and_then(Path::parent)
+                .map(|runs| runs.join(".feature-cache"))
+                .filter(|c| c.is_dir());
+            let reader = rl::head::reader(&shared, self.adapter, &system, cache.as_deref())?;
+            return Ok(store_eval::run_policies(
+                db,
+                traces,
+                rl::evaluate::learned_config(detect::probes::LIBRARY.len() + 1),
+                |_| Ok(rl::head::evaluation_policy(&shared, &head, &reader)),
+                on_done,
+            )?);
+        }
         let cases = store_eval::run_policies(
             db,
             traces,

@@ -1,0 +1,498 @@
+//! `linear`: the simplest readers that can learn a decision from a vector.
+//!
+//! - [`Vocabulary`]: a TF-IDF bag of words (unigrams and within-line bigrams) fitted on
+//!   training documents, so a text digest becomes a fixed-length vector.
+//! - [`Softmax`]: multinomial logistic regression over standardised features, fitted by
+//!   full-batch Adam on the cross-entropy plus an L2 penalty, logging its loss and top-1/top-5
+//!   accuracy on the training and (optionally) validation sets as it goes.
+//!
+//! It is the reference every learned Detector is measured against (`pathfinder eval
+//! --detector classifier`) and the decision head of the learned Detector (fitted on the
+//! language model's features). Pure arithmetic: no I/O, no randomness beyond the order of
+//! nothing (full-batch), so the same data gives the same model.
+//!
+//! Invariants: a fitted model's probabilities sum to one and its `predict` is their argmax;
+//! depends on no other Pathfinder crate.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What can go wrong fitting or applying a linear model.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LinearError {
+    #[error("no training examples")]
+    Empty,
+    #[error("example {index} has {got} features, expected {want}")]
+    Dimension {
+        index: usize,
+        got: usize,
+        want: usize,
+    },
+    #[error("example {index} has class {class}, but there are {classes} classes")]
+    Class {
+        index: usize,
+        class: usize,
+        classes: usize,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, LinearError>;
+
+/// A TF-IDF vocabulary: which terms count and how rare each is in the training documents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Vocabulary {
+    terms: BTreeMap<String, usize>,
+    idf: Vec<f32>,
+}
+
+/// The terms of a document: each line's tokens, and each pair of adjacent tokens on a line.
+pub fn terms(lines: &[Vec<String>]) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in lines {
+        out.extend(line.iter().cloned());
+        out.extend(line.windows(2).map(|w| format!("{} {}", w[0], w[1])));
+    }
+    out
+}
+
+impl Vocabulary {
+    /// Terms that occur in at least `min_df` of `docs` (each a document's terms).
+    pub fn fit(docs: &[Vec<String>], min_df: usize) -> Vocabulary {
+        let mut df: BTreeMap<&str, usize> = BTreeMap::new();
+        for d in docs {
+            let mut seen: Vec<&str> = d.iter().map(String::as_str).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            for t in seen {
+                *df.entry(t).or_default() += 1;
+            }
+        }
+        let n = docs.len() as f32;
+        let mut terms = BTreeMap::new();
+        let mut idf = Vec::new();
+        for (t, c) in df {
+            if c >= min_df.max(1) {
+                terms.insert(t.to_owned(), idf.len());
+                // Smoothed idf, as scikit-learn computes it.
+                idf.push(((1.0 + n) / (1.0 + c as f32)).ln() + 1.0);
+            }
+        }
+        Vocabulary { terms, idf }
+    }
+
+    pub fn len(&self) -> usize {
+        self.idf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.idf.is_empty()
+    }
+
+    /// The L2-normalised TF-IDF vector of a document's terms (sublinear tf: 1 + ln count).
+    pub fn vector(&self, doc: &[String]) -> Vec<f32> {
+        let mut counts: BTreeMap<usize, f32> = BTreeMap::new();
+        for t in doc {
+            if let Some(&i) = self.terms.get(t) {
+                *counts.entry(i).or_default() += 1.0;
+            }
+        }
+        let mut v = vec![0f32; self.idf.len()];
+        for (i, c) in counts {
+            v[i] = (1.0 + c.ln()) * self.idf[i];
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        v
+    }
+}
+
+/// How to fit a [`Softmax`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FitOptions {
+    /// L2 penalty on the weights (not the biases), per example: loss = CE + l2·‖W‖²/2.
+    pub l2: f32,
+    pub lr: f32,
+    /// Upper bound on full-batch epochs.
+    pub max_epochs: usize,
+    /// Stop when the training top-1 accuracy has not risen for this many epochs (after the
+    /// first `patience`): the fit has converged on what it can separate.
+    pub patience: usize,
+    /// Log every this-many epochs (and the last).
+    pub log_every: usize,
+    /// Standardise each feature to zero mean, unit variance on the training set (dense model
+    /// features); TF-IDF vectors are already on one scale and are left as they are.
+    pub standardise: bool,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            l2: 1e-3,
+            lr: 0.05,
+            max_epochs: 400,
+            patience: 60,
+            log_every: 20,
+            standardise: true,
+        }
+    }
+}
+
+/// One line of a fit's log: what the decision has learned so far.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FitLog {
+    pub epoch: usize,
+    pub train_nll: f64,
+    pub train_top1: f64,
+    pub train_top5: f64,
+    pub val_nll: Option<f64>,
+    pub val_top1: Option<f64>,
+    pub val_top5: Option<f64>,
+}
+
+/// Multinomial logistic regression: p(k | x) = softmax(W·z + b)_k with z the standardised x.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Softmax {
+    pub classes: usize,
+    pub dim: usize,
+    /// `classes × dim`, row-major.
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+    /// Per-feature mean and inverse standard deviation applied before the product.
+    pub mean: Vec<f32>,
+    pub inv_std: Vec<f32>,
+}
+
+fn check(x: &[Vec<f32>], y: &[usize], classes: usize) -> Result<usize> {
+    let dim = x.first().ok_or(LinearError::Empty)?.len();
+    for (index, v) in x.iter().enumerate() {
+        if v.len() != dim {
+            return Err(LinearError::Dimension {
+                index,
+                got: v.len(),
+                want: dim,
+            });
+        }
+    }
+    for (index, &class) in y.iter().enumerate() {
+        if class >= classes {
+            return Err(LinearError::Class {
+                index,
+                class,
+                classes,
+            });
+        }
+    }
+    Ok(dim)
+}
+
+/// Log-softmax of `logits` in place; returns nothing.
+fn log_softmax(logits: &mut [f32]) {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
+    logits.iter_mut().for_each(|l| *l -= lse);
+}
+
+/// Mean NLL, top-1 and top-5 accuracy of log-probabilities `lp` against `y`.
+pub fn score(lp: &[Vec<f32>], y: &[usize]) -> (f64, f64, f64) {
+    let n = y.len().max(1) as f64;
+    let (mut nll, mut top1, mut top5) = (0f64, 0usize, 0usize);
+    for (row, &t) in lp.iter().zip(y) {
+        nll -= row[t] as f64;
+        // The true class's rank under `argmax`'s order: larger values first, ties to the
+        // earlier class (so a model that scores every class alike is right only for class 0).
+        let rank = row
+            .iter()
+            .enumerate()
+            .filter(|&(j, &v)| v > row[t] || (v == row[t] && j < t))
+            .count();
+        top1 += usize::from(rank == 0);
+        top5 += usize::from(rank < 5);
+    }
+    (nll / n, top1 as f64 / n, top5 as f64 / n)
+}
+
+impl Softmax {
+    /// Fits on `x` (one vector per example) and classes `y` in `0..classes`, logging through
+    /// `log` every `options.log_every` epochs, with the validation set's figures when given.
+    pub fn fit(
+        x: &[Vec<f32>],
+        y: &[usize],
+        classes: usize,
+        options: &FitOptions,
+        val: Option<(&[Vec<f32>], &[usize])>,
+        mut log: impl FnMut(&FitLog),
+    ) -> Result<Softmax> {
+        let dim = check(x, y, classes)?;
+        if let Some((vx, vy)) = val {
+            if !vx.is_empty() {
+                check(vx, vy, classes).and_then(|d| {
+                    if d == dim {
+                        Ok(d)
+                    } else {
+                        Err(LinearError::Dimension {
+                            index: 0,
+                            got: d,
+                            want: dim,
+                        })
+                    }
+                })?;
+            }
+        }
+        let n = x.len();
+        let (mean, inv_std) = if options.standardise {
+            let mut mean = vec![0f32; dim];
+            for v in x {
+                mean.iter_mut().zip(v).for_each(|(m, a)| *m += a / n as f32);
+            }
+            let mut var = vec![0f32; dim];
+            for v in x {
+                for ((s, a), m) in var.iter_mut().zip(v).zip(&mean) {
+                    *s += (a - m) * (a - m) / n as f32;
+                }
+            }
+            let inv = var.iter().map(|s| 1.0 / (s.sqrt() + 1e-6)).collect();
+            (mean, inv)
+        } else {
+            (vec![0.0; dim], vec![1.0; dim])
+        };
+        let mut model = Softmax {
+            classes,
+            dim,
+            weight: vec![0.0; classes * dim],
+            bias: vec![0.0; classes],
+            mean,
+            inv_std,
+        };
+        let z: Vec<Vec<f32>> = x.iter().map(|v| model.standardised(v)).collect();
+        let (mut mw, mut vw) = (vec![0f32; classes * dim], vec![0f32; classes * dim]);
+        let (mut mb, mut vb) = (vec![0f32; classes], vec![0f32; classes]);
+        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+        let mut best_top1 = -1.0;
+        let mut since_best = 0;
+        for epoch in 1..=options.max_epochs {
+            // Gradient of mean CE + l2/2·‖W‖² over the whole batch.
+            let mut gw = vec![0f32; classes * dim];
+            let mut gb = vec![0f32; classes];
+            let mut lps = Vec::with_capacity(n);
+            for (zi, &yi) in z.iter().zip(y) {
+                let mut lp = model.logits_z(zi);
+                log_softmax(&mut lp);
+                for k in 0..classes {
+                    let g = (lp[k].exp() - f32::from(k == yi)) / n as f32;
+                    gb[k] += g;
+                    let row = &mut gw[k * dim..(k + 1) * dim];
+                    row.iter_mut().zip(zi).for_each(|(w, a)| *w += g * a);
+                }
+                lps.push(lp);
+            }
+            gw.iter_mut()
+                .zip(&model.weight)
+                .for_each(|(g, w)| *g += options.l2 * w);
+            let t = epoch as i32;
+            let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+            let step = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+                for i in 0..p.len() {
+                    m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                    v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                    p[i] -= options.lr * (m[i] / c1) / ((v[i] / c2).sqrt() + eps);
+                }
+            };
+            step(&mut model.weight, &gw, &mut mw, &mut vw);
+            step(&mut model.bias, &gb, &mut mb, &mut vb);
+            // lps are the log-probabilities before this epoch's update.
+            let (nll, top1, top5) = score(&lps, y);
+            if top1 > best_top1 {
+                best_top1 = top1;
+                since_best = 0;
+            } else {
+                since_best += 1;
+            }
+            let done = epoch == options.max_epochs
+                || (epoch > options.patience && since_best >= options.patience);
+            if epoch % options.log_every.max(1) == 0 || done {
+                let (val_nll, val_top1, val_top5) = match val {
+                    Some((vx, vy)) if !vx.is_empty() => {
+                        let lp: Vec<Vec<f32>> = vx.iter().map(|v| model.log_probs(v)).collect();
+                        let (a, b, c) = score(&lp, vy);
+                        (Some(a), Some(b), Some(c))
+                    }
+                    _ => (None, None, None),
+                };
+                log(&FitLog {
+                    epoch,
+                    train_nll: nll,
+                    train_top1: top1,
+                    train_top5: top5,
+                    val_nll,
+                    val_top1,
+                    val_top5,
+                });
+            }
+            if done {
+                break;
+            }
+        }
+        Ok(model)
+    }
+
+    fn standardised(&self, x: &[f32]) -> Vec<f32> {
+        x.iter()
+            .zip(&self.mean)
+            .zip(&self.inv_std)
+            .map(|((a, m), s)| (a - m) * s)
+            .collect()
+    }
+
+    fn logits_z(&self, z: &[f32]) -> Vec<f32> {
+        (0..self.classes)
+            .map(|k| {
+                let row = &self.weight[k * self.dim..(k + 1) * self.dim];
+                self.bias[k] + row.iter().zip(z).map(|(w, a)| w * a).sum::<f32>()
+            })
+            .collect()
+    }
+
+    /// The unnormalised scores of `x`.
+    pub fn logits(&self, x: &[f32]) -> Vec<f32> {
+        self.logits_z(&self.standardised(x))
+    }
+
+    /// Log-probabilities of every class.
+    pub fn log_probs(&self, x: &[f32]) -> Vec<f32> {
+        let mut lp = self.logits(x);
+        log_softmax(&mut lp);
+        lp
+    }
+
+    /// Probabilities of every class (they sum to one).
+    pub fn probs(&self, x: &[f32]) -> Vec<f32> {
+        self.log_probs(x).into_iter().map(f32::exp).collect()
+    }
+
+    /// The most probable class (the first on ties).
+    pub fn predict(&self, x: &[f32]) -> usize {
+        argmax(&self.logits(x))
+    }
+}
+
+/// The index of class `name` in `classes`, which grows by `name` when it is new: how label
+/// lists are built in the order the training data names them.
+pub fn class_index(classes: &mut Vec<String>, name: &str) -> usize {
+    match classes.iter().position(|c| c == name) {
+        Some(i) => i,
+        None => {
+            classes.push(name.to_owned());
+            classes.len() - 1
+        }
+    }
+}
+
+/// Index of the largest value (the first on ties); 0 for an empty slice.
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blobs() -> (Vec<Vec<f32>>, Vec<usize>) {
+        // Three separable clusters in 2-D with a useless third feature.
+        let mut x = Vec::new();
+        let mut y = Vec::new();
+        for i in 0..30 {
+            let k = i % 3;
+            let j = (i / 3) as f32 * 0.01;
+            let c = [(0.0, 0.0), (3.0, 0.0), (0.0, 3.0)][k];
+            x.push(vec![c.0 + j, c.1 - j, 1.0]);
+            y.push(k);
+        }
+        (x, y)
+    }
+
+    #[test]
+    fn fits_separable_classes_and_probabilities_sum_to_one() {
+        let (x, y) = blobs();
+        let mut logs = Vec::new();
+        let m = Softmax::fit(&x, &y, 3, &FitOptions::default(), Some((&x, &y)), |l| {
+            logs.push(*l)
+        })
+        .unwrap();
+        for (v, &k) in x.iter().zip(&y) {
+            assert_eq!(m.predict(v), k);
+            let p = m.probs(v);
+            assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            assert_eq!(argmax(&p), m.predict(v));
+        }
+        let last = logs.last().unwrap();
+        assert_eq!(last.train_top1, 1.0);
+        assert!(last.train_nll < logs[0].train_nll);
+        assert_eq!(last.val_top1, Some(1.0));
+    }
+
+    #[test]
+    fn ties_rank_like_argmax() {
+        // A model that scores every class alike: only class 0 counts as its top-1 answer.
+        let lp = vec![vec![0.5f32; 8]; 3];
+        let (_, top1, top5) = score(&lp, &[0, 3, 7]);
+        assert!((top1 - 1.0 / 3.0).abs() < 1e-9);
+        assert!((top5 - 2.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        assert_eq!(
+            Softmax::fit(&[], &[], 2, &FitOptions::default(), None, |_| {}).unwrap_err(),
+            LinearError::Empty
+        );
+        let e = Softmax::fit(
+            &[vec![1.0], vec![1.0, 2.0]],
+            &[0, 1],
+            2,
+            &FitOptions::default(),
+            None,
+            |_| {},
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            LinearError::Dimension {
+                index: 1,
+                got: 2,
+                want: 1
+            }
+        );
+        let e =
+            Softmax::fit(&[vec![1.0]], &[5], 2, &FitOptions::default(), None, |_| {}).unwrap_err();
+        assert!(matches!(e, LinearError::Class { class: 5, .. }));
+    }
+
+    #[test]
+    fn tf_idf_vectors_are_unit_length_and_ignore_unknown_terms() {
+        let docs = vec![
+            terms(&[vec!["error".into(), "recursion".into()]]),
+            terms(&[vec!["error".into(), "timeout".into()]]),
+        ];
+        let voc = Vocabulary::fit(&docs, 1);
+        assert!(voc.terms.contains_key("error recursion"));
+        let v = voc.vector(&docs[0]);
+        assert!((v.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-5);
+        assert!(voc
+            .vector(&["unseen".to_string()])
+            .iter()
+            .all(|x| *x == 0.0));
+        // A term in every document weighs less than one in a single document.
+        let e = voc.terms["error"];
+        let r = voc.terms["recursion"];
+        assert!(v[e] < v[r]);
+    }
+}

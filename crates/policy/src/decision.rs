@@ -1,0 +1,414 @@
+//! The learned Detector's decision as one whole choice.
+//!
+//! The Detector runs the probe library (`detect::probes`), reads the digests as a conversation
+//! — the catalog with every id's short name in the system prompt, each probe as a named call
+//! and its digest as the observation, then `answer:` — and decides through a head on the
+//! model's hidden states: the mean over the trace-specific part of the conversation and the
+//! state at the answer position, standardised, then a softmax over the types the corpus labels
+//! (the catalog's ids, plus `none` for healthy traces) and a second over components.
+//!
+//! Why a head and not the answer spelled token by token: decoded digit by digit, a diffuse
+//! posterior follows the heaviest prefix (22 of the 50 ids start with `1` after their letter),
+//! and sampling over whole options needs every option's sequence probability. A head gives the
+//! categorical distribution over whole options in one pass: it sums to one, greedy is its
+//! argmax, and PPO samples from it with exact log-probabilities.
+
+use std::path::Path;
+
+use detect::probes::{self, ProbeResult};
+use linear::Softmax;
+use serde::{Deserialize, Serialize};
+
+use crate::chat::Conversation;
+use crate::detector::PolicyModel;
+use crate::{PolicyError, Result};
+
+/// The answer for a trace with no deficiency.
+pub const NONE: &str = "none";
+
+/// The component named with `none` (a healthy trace has no faulty component).
+pub const NO_COMPONENT: &str = "none";
+
+/// File of a checkpoint's decision head, in the directory of the adapter it reads.
+pub const HEAD_FILE: &str = "decision_head.json";
+/// The warm-started head PPO's KL term is anchored at, beside it.
+pub const REFERENCE_HEAD_FILE: &str = "decision_head_reference.json";
+
+/// A catalog id's short name: the catalog name before its colon, at most six words.
+pub fn short_name(name: &str) -> String {
+    let head = name.split(':').next().unwrap_or(name);
+    head.split_whitespace()
+        .take(6)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The system prompt of a whole-choice investigation: the task and the compact catalog.
+pub fn system_prompt(catalog: &taxonomy::Catalog) -> String {
+    let mut s = String::from(
+        "You are the Detector. Probes measured an AI agent's run; decide which deficiency of the agent's code the run shows, or none if it is healthy. The deficiencies:\n",
+    );
+    for d in catalog.deficiencies() {
+        s.push_str(&d.id);
+        s.push(' ');
+        s.push_str(&short_name(&d.name));
+        s.push('\n');
+    }
+    s
+}
+
+/// The conversation the decision reads, and where its trace-specific part starts.
+pub fn conversation(
+    pm: &PolicyModel,
+    system: &str,
+    battery: &[ProbeResult],
+) -> Result<(Vec<u32>, usize)> {
+    let mut c = Conversation::new();
+    c.push_message(&pm.tokenizer, "system", system)?;
+    let from = c.len();
+    c.push_message(&pm.tokenizer, "user", "Investigate the trace.")?;
+    for r in battery {
+        c.push_message(&pm.tokenizer, "assistant", &format!("probe: {}", r.probe))?;
+        c.push_message(&pm.tokenizer, "user", &r.digest)?;
+    }
+    c.open_reply(&pm.tokenizer)?;
+    let mut tokens = c.tokens;
+    tokens.extend(pm.tokenizer.encode("answer:", false)?);
+    Ok((tokens, from))
+}
+
+/// The features of a battery: `[mean of the hidden states from the trace-specific part on;
+/// the hidden state at the answer position]`, `2 × hidden` values.
+pub fn features(
+    pm: &PolicyModel,
+    adapter: Option<&str>,
+    system: &str,
+    battery: &[ProbeResult],
+) -> Result<Vec<f32>> {
+    let (tokens, from) = conversation(pm, system, battery)?;
+    let hidden = pm.model.hidden(&tokens, adapter)?;
+    pool(&hidden, from)
+}
+
+/// Mean of the rows from `from` on, then the last row.
+fn pool(hidden: &model::Tensor, from: usize) -> Result<Vec<f32>> {
+    let hidden = hidden
+        .to_dtype(model::DType::F32)
+        .map_err(model::ModelError::from)?;
+    let t = hidden.dim(0).map_err(model::ModelError::from)?;
+    let rows = hidden
+        .narrow(0, from, t - from)
+        .and_then(|h| h.mean(0))
+        .and_then(|m| m.to_vec1::<f32>())
+        .map_err(model::ModelError::from)?;
+    let last = hidden
+        .narrow(0, t - 1, 1)
+        .and_then(|h| h.squeeze(0))
+        .and_then(|h| h.to_vec1::<f32>())
+        .map_err(model::ModelError::from)?;
+    Ok(rows.into_iter().chain(last).collect())
+}
+
+/// [`features`] for many batteries with the system prompt computed once: its keys and values
+/// are cached and each battery continues a copy of that cache, so only the trace-specific
+/// tokens are run again (the same numbers as [`features`] up to the fused kernels' rounding).
+pub struct FeatureReader {
+    prefix: model::KvCache,
+    prefix_len: usize,
+    adapter: Option<String>,
+    system: String,
+    /// A directory of features already computed, by model and conversation (see
+    /// [`FeatureReader::with_cache`]).
+    cache: Option<(std::path::PathBuf, String)>,
+}
+
+/// What the features depend on besides the conversation: the base weights' source and the
+/// adapter's effective change. An adapter whose `B` factors are all zero changes nothing (PEFT's
+/// initialisation), so it reads like the base whatever its `A`.
+pub fn model_fingerprint(pm: &PolicyModel, adapter: Option<&str>) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(pm.base_name.as_bytes());
+    if let Some(a) = adapter.and_then(|a| pm.model.adapter(a)) {
+        let mut factors = Sha256::new();
+        let mut zero = true;
+        let values = |v: &model::Var| {
+            v.as_tensor()
+                .flatten_all()
+                .and_then(|t| t.to_dtype(model::DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(model::ModelError::from)
+        };
+        for ((layer, proj), pair) in a.pairs() {
+            let b = values(&pair.b)?;
+            let av = values(&pair.a)?;
+            zero &= b.iter().all(|x| *x == 0.0);
+            factors.update(format!("{layer}{proj:?}").as_bytes());
+            for x in av.iter().chain(&b) {
+                factors.update(x.to_le_bytes());
+            }
+        }
+        if !zero {
+            h.update(factors.finalize());
+        }
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+impl FeatureReader {
+    pub fn new(pm: &mut PolicyModel, adapter: Option<&str>, system: &str) -> Result<FeatureReader> {
+        let mut c = Conversation::new();
+        c.push_message(&pm.tokenizer, "system", system)?;
+        pm.model.set_active_adapter(adapter)?;
+        let mut prefix = model::KvCache::new(&pm.model, 1);
+        pm.model
+            .feed_hidden(&mut prefix, std::slice::from_ref(&c.tokens))?;
+        Ok(FeatureReader {
+            prefix,
+            prefix_len: c.len(),
+            adapter: adapter.map(str::to_owned),
+            system: system.to_owned(),
+            cache: None,
+        })
+    }
+
+    /// Keeps every computed feature vector in `dir` under the sha256 of the model's
+    /// [`model_fingerprint`] and the conversation's tokens, and reads it back instead of
+    /// running the model again: the same trace is read by the warm start, every evaluation
+    /// and every seed of a run with the same frozen features. A file that cannot be read back
+    /// whole is recomputed.
+    pub fn with_cache(
+        mut self,
+        pm: &PolicyModel,
+        dir: std::path::PathBuf,
+    ) -> Result<FeatureReader> {
+        let fingerprint = model_fingerprint(pm, self.adapter.as_deref())?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", dir.display())))?;
+        self.cache = Some((dir, fingerprint));
+        Ok(self)
+    }
+
+    pub fn features(&self, pm: &mut PolicyModel, battery: &[ProbeResult]) -> Result<Vec<f32>> {
+        let (tokens, from) = conversation(pm, &self.system, battery)?;
+        debug_assert_eq!(from, self.prefix_len);
+        let width = 2 * pm.model.config().hidden_size;
+        let cached = self.cache.as_ref().map(|(dir, fingerprint)| {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            h.update(fingerprint.as_bytes());
+            for t in &tokens {
+                h.update(t.to_le_bytes());
+            }
+            dir.join(format!("{:x}.f32", h.finalize()))
+        });
+        if let Some(path) = &cached {
+            if let Ok(bytes) = std::fs::read(path) {
+                if bytes.len() == 4 * width {
+                    return Ok(bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect());
+                }
+            }
+        }
+        let x = self.compute(pm, &tokens)?;
+        if let Some(path) = &cached {
+            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let tmp = path.with_extension("partial");
+            std::fs::write(&tmp, bytes)
+                .and_then(|_| std::fs::rename(&tmp, path))
+                .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
+        }
+        Ok(x)
+    }
+
+    fn compute(&self, pm: &mut PolicyModel, tokens: &[u32]) -> Result<Vec<f32>> {
+        pm.model.set_active_adapter(self.adapter.as_deref())?;
+        let mut cache = self.prefix.clone();
+        let rest = tokens[self.prefix_len..].to_vec();
+        let hidden = pm
+            .model
+            .feed_hidden(&mut cache, &[rest])?
+            .squeeze(0)
+            .map_err(model::ModelError::from)?;
+        pool(&hidden, 0)
+    }
+}
+
+/// The decision head: a softmax over types and one over components, on [`features`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionHead {
+    /// Type ids in class order (`none` among them when the training data had healthy traces).
+    pub types: Vec<String>,
+    pub type_model: Softmax,
+    pub components: Vec<String>,
+    pub component_model: Softmax,
+}
+
+/// One decision: the chosen type and component and the type distribution it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub type_index: usize,
+    pub component_index: usize,
+    /// Log-probabilities over [`DecisionHead::types`] (they exponentiate to a sum of one).
+    pub type_log_probs: Vec<f32>,
+}
+
+impl DecisionHead {
+    /// Greedy (`temperature` 0: the argmax) or sampled with `u`, a uniform number in [0, 1).
+    pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> Decision {
+        let lp = self.type_model.log_probs(features);
+        let type_index = if temperature <= 0.0 {
+            linear::argmax(&lp)
+        } else {
+            sample(&lp, temperature, u)
+        };
+        Decision {
+            type_index,
+            component_index: self.component_model.predict(features),
+            type_log_probs: lp,
+        }
+    }
+
+    /// The `answer:` line of a decision.
+    pub fn answer(&self, d: &Decision) -> String {
+        let t = &self.types[d.type_index];
+        let p = d.type_log_probs[d.type_index].exp();
+        let c = if t == NONE {
+            NO_COMPONENT
+        } else {
+            &self.components[d.component_index]
+        };
+        format!("answer: {t} {c} | the probe digests above, p = {p:.2}")
+    }
+
+    /// Writes the head as JSON to `path` (a temporary name beside it, then a rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.tmp"));
+        let text = serde_json::to_string(self).expect("a head serialises");
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))
+    }
+
+    /// Reads a head written by [`DecisionHead::save`], checking that its parts agree.
+    pub fn load(path: &Path) -> Result<DecisionHead> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
+        let head: DecisionHead = serde_json::from_str(&text)
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
+        let consistent = |m: &Softmax, classes: usize| {
+            m.classes == classes
+                && m.weight.len() == m.classes * m.dim
+                && m.bias.len() == m.classes
+                && m.mean.len() == m.dim
+                && m.inv_std.len() == m.dim
+        };
+        if !consistent(&head.type_model, head.types.len())
+            || !consistent(&head.component_model, head.components.len())
+            || head.type_model.dim != head.component_model.dim
+        {
+            return Err(PolicyError::Io(format!(
+                "{}: the head's class lists and weight shapes disagree",
+                path.display()
+            )));
+        }
+        Ok(head)
+    }
+}
+
+/// Samples an index from log-probabilities sharpened or flattened by `temperature`.
+pub fn sample(log_probs: &[f32], temperature: f32, u: f64) -> usize {
+    let scaled: Vec<f64> = log_probs
+        .iter()
+        .map(|l| *l as f64 / temperature as f64)
+        .collect();
+    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scaled.iter().map(|l| (l - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    for (i, w) in weights.iter().enumerate() {
+        acc += w / total;
+        if u < acc {
+            return i;
+        }
+    }
+    weights.len() - 1
+}
+
+/// What one investigation of the learned decider left: the features it read and its decision,
+/// for the trainer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Investigated {
+    pub features: Vec<f32>,
+    pub decision: Decision,
+}
+
+/// The learned Detector as a `detect::Policy`: the probe battery, then the head's decision on
+/// the features `reader` computes (its adapter and system prompt).
+pub fn policy(
+    shared: crate::SharedModel,
+    head: std::sync::Arc<DecisionHead>,
+    reader: std::sync::Arc<FeatureReader>,
+    temperature: f32,
+    u: f64,
+    sink: Option<std::sync::Arc<std::sync::Mutex<Option<Investigated>>>>,
+) -> Box<dyn detect::Policy> {
+    Box::new(probes::BatteryPolicy::new(
+        format!(
+            "learned-head:{}",
+            reader.adapter.as_deref().unwrap_or("base")
+        ),
+        Box::new(move |battery| {
+            let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
+            let x = reader
+                .features(&mut pm, battery)
+                .map_err(|e| e.to_string())?;
+            let d = head.decide(&x, temperature, u);
+            let text = head.answer(&d);
+            if let Some(sink) = &sink {
+                *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Investigated {
+                    features: x,
+                    decision: d,
+                });
+            }
+            Ok(text)
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_keep_the_head_of_the_catalog_name() {
+        assert_eq!(
+            short_name("Infinite loop: no termination condition on iterative refinement"),
+            "Infinite loop"
+        );
+        assert_eq!(
+            short_name("Temperature value out of model's accepted range"),
+            "Temperature value out of model's accepted"
+        );
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution_and_greedy_is_its_argmax() {
+        let lp: Vec<f32> = [0.1f32, 0.6, 0.3].iter().map(|p| p.ln()).collect();
+        assert_eq!(sample(&lp, 1.0, 0.05), 0);
+        assert_eq!(sample(&lp, 1.0, 0.2), 1);
+        assert_eq!(sample(&lp, 1.0, 0.95), 2);
+        let mut counts = [0usize; 3];
+        for i in 0..1000 {
+            counts[sample(&lp, 1.0, (i as f64 + 0.5) / 1000.0)] += 1;
+        }
+        assert_eq!(counts, [100, 600, 300]);
+        assert_eq!(linear::argmax(&lp), 1);
+    }
+}
