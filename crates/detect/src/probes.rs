@@ -145,6 +145,11 @@ FROM spans WHERE trace_id = {T} AND code_function IS NOT NULL GROUP BY code_func
     },
 ];
 
+/// Turns an investigation by the whole battery takes: one per probe, then the answer.
+pub fn battery_turns() -> usize {
+    LIBRARY.len() + 1
+}
+
 /// The probe called `name`.
 pub fn by_name(name: &str) -> Option<&'static Probe> {
     LIBRARY.iter().find(|p| p.name == name)

@@ -188,8 +188,8 @@ fn check(x: &[Vec<f32>], y: &[usize], classes: usize) -> Result<usize> {
     Ok(dim)
 }
 
-/// Log-softmax of `logits` in place; returns nothing.
-fn log_softmax(logits: &mut [f32]) {
+/// Log-softmax of `logits` in place.
+pub fn log_softmax(logits: &mut [f32]) {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
     logits.iter_mut().for_each(|l| *l -= lse);
@@ -338,7 +338,8 @@ impl Softmax {
         Ok(model)
     }
 
-    fn standardised(&self, x: &[f32]) -> Vec<f32> {
+    /// `x` standardised with the training set's mean and scale (what the weights multiply).
+    pub fn standardised(&self, x: &[f32]) -> Vec<f32> {
         x.iter()
             .zip(&self.mean)
             .zip(&self.inv_std)
@@ -346,7 +347,8 @@ impl Softmax {
             .collect()
     }
 
-    fn logits_z(&self, z: &[f32]) -> Vec<f32> {
+    /// The scores of an already standardised `z`.
+    pub fn logits_z(&self, z: &[f32]) -> Vec<f32> {
         (0..self.classes)
             .map(|k| {
                 let row = &self.weight[k * self.dim..(k + 1) * self.dim];

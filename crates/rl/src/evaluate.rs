@@ -254,7 +254,7 @@ pub fn evaluate_head(
     let cases = store_eval::run_policies(
         &split.db,
         &split.traces,
-        learned_config(detect::probes::LIBRARY.len() + 1),
+        learned_config(detect::probes::battery_turns()),
         |_| Ok(crate::head::evaluation_policy(shared, head, &reader)),
         |c| on_done(c),
     )

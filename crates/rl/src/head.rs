@@ -132,21 +132,6 @@ pub struct HeadPpo {
     pub kl_coef: f64,
 }
 
-fn log_softmax(z: &mut [f32]) {
-    let max = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = z.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
-    z.iter_mut().for_each(|v| *v -= lse);
-}
-
-/// Standardised features of `x` for `model` (its own mean and scale).
-fn standardise(model: &Softmax, x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .zip(&model.mean)
-        .zip(&model.inv_std)
-        .map(|((a, m), s)| (a - m) * s)
-        .collect()
-}
-
 /// One PPO update of `head`'s type distribution on `samples`, anchored at `reference` (see the
 /// module's doc comment for the math). Advantages are group-relative, scaled by the batch.
 pub fn update(
@@ -168,7 +153,7 @@ pub fn update(
     let d = head.dim;
     let z: Vec<Vec<f32>> = samples
         .iter()
-        .map(|s| standardise(head, &s.features))
+        .map(|s| head.standardised(&s.features))
         .collect();
     let ref_lp: Vec<Vec<f32>> = samples
         .iter()
@@ -188,17 +173,8 @@ pub fn update(
         let mut gb = vec![0f32; k];
         let (mut loss, mut kl_sum, mut clipped, mut ent) = (0f64, 0f64, 0usize, 0f64);
         for ((s, zi), (a, rl)) in samples.iter().zip(&z).zip(advantages.iter().zip(&ref_lp)) {
-            let mut lp: Vec<f32> = (0..k)
-                .map(|c| {
-                    head.bias[c]
-                        + head.weight[c * d..(c + 1) * d]
-                            .iter()
-                            .zip(zi)
-                            .map(|(w, x)| w * x)
-                            .sum::<f32>()
-                })
-                .collect();
-            log_softmax(&mut lp);
+            let mut lp = head.logits_z(zi);
+            linear::log_softmax(&mut lp);
             let p: Vec<f32> = lp.iter().map(|v| v.exp()).collect();
             let ratio = ((lp[s.action] - s.old_log_prob) as f64).exp();
             let a = *a as f64;

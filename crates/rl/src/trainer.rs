@@ -756,7 +756,7 @@ impl Trainer {
         let mut store = traces::Store::open(&store_path)
             .map_err(|e| RlError::Environment(format!("{}: {e}", store_path.display())))?;
         let max_turns = match self.heads {
-            Some(_) => detect::probes::LIBRARY.len() + 1,
+            Some(_) => detect::probes::battery_turns(),
             None => self.config.detector.max_turns,
         };
         let detector = detect::Detector::new(
@@ -801,40 +801,44 @@ impl Trainer {
                             self.investigate_head(&detector, h, &trace_id, step, i)?;
                         episodes[i].detections.extend(detections);
                         episodes[i].head_choices.extend(choices);
-                    }
-                    for k in 0..per_trace {
-                        if self.heads.is_some() {
-                            break;
-                        }
-                        let sink = Arc::new(Mutex::new(Conversation::new()));
-                        let policy = LearnedDetector::new(
-                            Arc::clone(&self.shared),
-                            Arc::clone(&self.grammar),
-                            self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)),
-                        )
-                        .with_sink(Arc::clone(&sink));
-                        let transcript = detector
-                            .investigate(&trace_id, Box::new(policy))
-                            .map_err(|e| {
-                                RlError::Environment(format!("investigating {trace_id}: {e}"))
-                            })?;
-                        let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                        let (deficiency, component) = match transcript.verdict() {
-                            Some(Verdict::Deficiency {
-                                deficiency_id,
+                    } else {
+                        for k in 0..per_trace {
+                            let sink = Arc::new(Mutex::new(Conversation::new()));
+                            let policy = LearnedDetector::new(
+                                Arc::clone(&self.shared),
+                                Arc::clone(&self.grammar),
+                                self.detector_options(mix(
+                                    seed,
+                                    step,
+                                    (i * per_trace + k) as u64,
+                                    3,
+                                )),
+                            )
+                            .with_sink(Arc::clone(&sink));
+                            let transcript = detector
+                                .investigate(&trace_id, Box::new(policy))
+                                .map_err(|e| {
+                                    RlError::Environment(format!("investigating {trace_id}: {e}"))
+                                })?;
+                            let conversation =
+                                sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                            let (deficiency, component) = match transcript.verdict() {
+                                Some(Verdict::Deficiency {
+                                    deficiency_id,
+                                    component,
+                                    ..
+                                }) => (Some(deficiency_id.clone()), Some(component.clone())),
+                                _ => (None, None),
+                            };
+                            let detection = Detection {
+                                deficiency,
                                 component,
-                                ..
-                            }) => (Some(deficiency_id.clone()), Some(component.clone())),
-                            _ => (None, None),
-                        };
-                        let detection = Detection {
-                            deficiency,
-                            component,
-                            tool_calls: eval::store_eval::tool_calls(&transcript),
-                        };
-                        episodes[i]
-                            .detections
-                            .push((detection, conversation, transcript));
+                                tool_calls: eval::store_eval::tool_calls(&transcript),
+                            };
+                            episodes[i]
+                                .detections
+                                .push((detection, conversation, transcript));
+                        }
                     }
                 }
                 episodes[i].manifest = Some(manifest);

@@ -237,7 +237,7 @@ impl Trained {
             return Ok(store_eval::run_policies(
                 db,
                 traces,
-                rl::evaluate::learned_config(detect::probes::LIBRARY.len() + 1),
+                rl::evaluate::learned_config(detect::probes::battery_turns()),
                 |_| Ok(rl::head::evaluation_policy(&shared, &head, &reader)),
                 on_done,
             )?);
