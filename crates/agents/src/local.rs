@@ -70,6 +70,7 @@ impl Default for LocalOptions {
 pub struct Endpoint {
     url: String,
     server: Option<BackgroundServer>,
+    scripted: Option<Arc<ScriptedBackend>>,
     // Declared after `server` so the socket directory outlives the server.
     _socket_dir: Option<tempfile::TempDir>,
 }
@@ -82,6 +83,7 @@ impl Endpoint {
             Llm::External(url) => Ok(Endpoint {
                 url: url.clone(),
                 server: None,
+                scripted: None,
                 _socket_dir: None,
             }),
             Llm::Scripted => {
@@ -97,11 +99,12 @@ impl Endpoint {
                 )));
                 let server = BackgroundServer::start(
                     ServerConfig::new(Listen::Unix(dir.path().join("llm.sock"))),
-                    backend,
+                    backend.clone(),
                 )?;
                 Ok(Endpoint {
                     url: server.url().to_owned(),
                     server: Some(server),
+                    scripted: Some(backend),
                     _socket_dir: Some(dir),
                 })
             }
@@ -114,6 +117,15 @@ impl Endpoint {
 
     pub fn is_in_process(&self) -> bool {
         self.server.is_some()
+    }
+
+    /// The scripted model's departures from its scripts so far (see
+    /// `llmserve::departure`); empty for an external endpoint.
+    pub fn departures(&self) -> Vec<String> {
+        self.scripted
+            .as_ref()
+            .map(|b| b.departures())
+            .unwrap_or_default()
     }
 }
 

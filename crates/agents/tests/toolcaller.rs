@@ -223,6 +223,39 @@ fn one_task_through_the_scripted_server_and_same_seed_same_trace() {
     );
 }
 
+/// Every clean agent solves every task of its suite with the scripted model playing its
+/// scripts as written: the departures that make injected runs differ (`llmserve::departure`)
+/// never fire on a clean agent's requests.
+#[test]
+fn clean_scripts_play_as_written() {
+    let workspace = Workspace::open(&agents_dir()).unwrap();
+    let endpoint = local::Endpoint::start(&workspace, &local::Llm::Scripted).unwrap();
+    let options = LocalOptions {
+        llm: local::Llm::External(endpoint.url().to_owned()),
+        ..LocalOptions::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let catalog = Catalog::embedded().unwrap();
+    for name in ["toolcaller", "research", "roleplay", "swe"] {
+        let agent = workspace.agent(name, &catalog).unwrap();
+        let report = local::run_suite(
+            &workspace,
+            &agent,
+            0,
+            &tmp.path().join(&agent.name),
+            &options,
+            |_, _, _| {},
+        )
+        .unwrap();
+        assert_eq!(
+            report.succeeded, report.total,
+            "{}: clean runs that failed",
+            agent.name
+        );
+    }
+    assert_eq!(endpoint.departures(), Vec::<String>::new());
+}
+
 #[test]
 fn python_unit_tests_pass() {
     let dir = agents_dir().join("toolcaller");

@@ -43,6 +43,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use taxonomy::Catalog;
 
+use crate::confusability::Confusability;
 use crate::features::TraceFeatures;
 use crate::keyword;
 use crate::validate::{self, RunFacts, Validation};
@@ -111,6 +112,11 @@ pub struct GenerateOptions {
     /// Stop after this many newly completed episodes (an interruption on purpose).
     #[serde(skip)]
     pub max_episodes: Option<usize>,
+    /// An OpenAI-compatible endpoint (a real model: vLLM, llama.cpp, `pathfinder serve`) that
+    /// drives the agents instead of the in-process scripted model. Part of the plan: a corpus
+    /// is made by one model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<String>,
 }
 
 /// One planned episode.
@@ -202,6 +208,9 @@ pub struct Report {
     /// Valid episodes the keyword baseline named correctly / ran on.
     pub keyword_named: usize,
     pub keyword_ran: usize,
+    /// Whether types planted in the same agent on the same task leave traces that differ.
+    #[serde(default)]
+    pub confusability: Confusability,
     pub digest: String,
 }
 
@@ -210,7 +219,17 @@ pub struct TypeReport {
     pub episodes: usize,
     pub valid: usize,
     pub failures: BTreeMap<String, usize>,
+    /// Episodes whose injected run differed from the clean run in token counts alone.
+    #[serde(default)]
+    pub token_only: usize,
+    /// Valid episodes by kind of difference ([`validate::manifestation_classes`]).
+    #[serde(default)]
+    pub classes: BTreeMap<String, usize>,
 }
+
+/// The component of token-counting bugs: a type that lives there may show in the counts
+/// alone (see [`validate::judge`]).
+pub const TOKEN_COUNT_COMPONENT: &str = "context.token_count";
 
 /// A stable 64-bit hash of `parts` (sha256), for seeded, order-independent choices.
 fn stable_hash(parts: &[&str]) -> u64 {
@@ -496,7 +515,8 @@ pub struct EpisodeRunner {
 }
 
 impl EpisodeRunner {
-    /// Starts the scripted LLM endpoint and the syntax-checking interpreter; `out` is created.
+    /// Starts the LLM endpoint (the scripted model unless `options.llm` names one) and the
+    /// syntax-checking interpreter; `out` is created.
     pub fn new(
         workspace: &Workspace,
         catalog: &Catalog,
@@ -508,7 +528,13 @@ impl EpisodeRunner {
         Ok(EpisodeRunner {
             runner: Runner {
                 workspace: workspace.clone(),
-                endpoint: Endpoint::start(workspace, &Llm::Scripted)?,
+                endpoint: Endpoint::start(
+                    workspace,
+                    &options
+                        .llm
+                        .as_ref()
+                        .map_or(Llm::Scripted, |url| Llm::External(url.clone())),
+                )?,
                 options: options.clone(),
                 inject: Options::new(options.python.clone()),
             },
@@ -653,6 +679,7 @@ fn run_episode(
     let facts = read_facts(&run_dir)?;
     let mut validation = validate::judge(
         def.manifestation,
+        def.components.iter().any(|c| c == TOKEN_COUNT_COMPONENT),
         &clean_facts,
         &facts,
         format!(
@@ -873,8 +900,16 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     for m in manifests {
         let t = per_type.entry(m.deficiency.clone()).or_default();
         t.episodes += 1;
+        if validate::token_only(&m.validation.classes) {
+            t.token_only += 1;
+        }
         match m.validation.failure() {
-            None => t.valid += 1,
+            None => {
+                t.valid += 1;
+                for class in &m.validation.classes {
+                    *t.classes.entry(class.clone()).or_insert(0) += 1;
+                }
+            }
             Some(check) => *t.failures.entry(check.to_owned()).or_insert(0) += 1,
         }
     }
@@ -910,6 +945,15 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
         splits: split_counts,
         keyword_named,
         keyword_ran,
+        confusability: Confusability::of(valid.iter().filter_map(|m| {
+            let injected = m.injected.as_ref()?;
+            Some((
+                m.agent.as_str(),
+                m.task.as_str(),
+                m.deficiency.as_str(),
+                &injected.features,
+            ))
+        })),
         digest,
     };
     write_atomic(&out.join("report.json"), to_json(&report).as_bytes())?;

@@ -5,12 +5,14 @@
 //! compares their traces on stable features, asks the keyword baseline whether it names the
 //! type, and publishes validated episodes as a store, manifests, splits, JSON Lines and Parquet.
 
+pub mod confusability;
 pub mod features;
 pub mod generate;
 pub mod keyword;
 pub mod parquet;
 pub mod validate;
 
+pub use confusability::Confusability;
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
     episode_dir_name, generate, plan, CorpusError, EpisodeRunner, Finish, GenerateOptions,

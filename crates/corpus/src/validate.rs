@@ -51,6 +51,9 @@ pub struct Validation {
     pub feature_diff: Option<FeatureDiff>,
     pub non_trivial: Option<NonTriviality>,
     pub valid: bool,
+    /// How the injected run differs from the clean one ([`manifestation_classes`]).
+    #[serde(default)]
+    pub classes: Vec<String>,
 }
 
 impl Validation {
@@ -64,6 +67,7 @@ impl Validation {
             feature_diff: None,
             non_trivial: None,
             valid: false,
+            classes: Vec::new(),
         }
     }
 
@@ -99,9 +103,51 @@ pub struct RunFacts {
     pub features: TraceFeatures,
 }
 
+/// The kinds of difference between a clean and an injected run: `errors` (new error
+/// spans), `tool_calls` (which tools, in what order), `arguments` (what they were called
+/// with), `outputs` (answer, outcome, finish reasons), `structure` (span names, model calls,
+/// turns), `requests` (model parameters sent) and `tokens` (token counts). A run that differs
+/// in `tokens` alone did the same thing with a different amount of text.
+pub fn manifestation_classes(diff: &FeatureDiff) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if !diff.errors.is_empty() {
+        out.push("errors");
+    }
+    if diff.tool_calls_changed {
+        out.push("tool_calls");
+    }
+    if diff.tool_arguments_changed {
+        out.push("arguments");
+    }
+    if diff.answer_changed || diff.outcome.0 != diff.outcome.1 || diff.finish_reasons_changed {
+        out.push("outputs");
+    }
+    if !diff.span_names.is_empty()
+        || diff.llm_calls.0 != diff.llm_calls.1
+        || diff.turns.0 != diff.turns.1
+    {
+        out.push("structure");
+    }
+    if diff.requests_changed {
+        out.push("requests");
+    }
+    if diff.input_tokens.0 != diff.input_tokens.1 || diff.output_tokens.0 != diff.output_tokens.1 {
+        out.push("tokens");
+    }
+    out
+}
+
+/// Whether only token counts differ.
+pub fn token_only(classes: &[impl AsRef<str>]) -> bool {
+    classes.len() == 1 && classes[0].as_ref() == "tokens"
+}
+
 /// Judges an applied injection from its run and the clean run of the same task and seed.
+/// `counts_are_signature`: the type is a token-counting bug, whose signature may be the count
+/// alone; any other silent type must change what the agent or the model does.
 pub fn judge(
     manifestation: Manifestation,
+    counts_are_signature: bool,
     clean: &RunFacts,
     injected: &RunFacts,
     applied_detail: String,
@@ -143,6 +189,7 @@ pub fn judge(
     };
     let diff = FeatureDiff::between(&clean.features, &injected.features);
     let differing = diff.differing();
+    let classes = manifestation_classes(&diff);
     let manifests = match manifestation {
         Manifestation::Crash => {
             if !injected.exit_ok
@@ -184,6 +231,11 @@ pub fn judge(
         Manifestation::Silent => {
             if differing.is_empty() {
                 Check::fail("the trace matches the clean run on every compared feature")
+            } else if token_only(&classes) && !counts_are_signature {
+                Check::fail(format!(
+                    "only token counts differ (input {} → {}, output {} → {}): the run did the same thing with more or less text, and this type must change what the agent or the model does",
+                    diff.input_tokens.0, diff.input_tokens.1, diff.output_tokens.0, diff.output_tokens.1
+                ))
             } else {
                 Check::pass(format!("differs in {}", differing.join(", ")))
             }
@@ -198,6 +250,7 @@ pub fn judge(
         feature_diff: Some(diff),
         non_trivial: None,
         valid,
+        classes: classes.into_iter().map(str::to_owned).collect(),
     }
 }
 
@@ -230,12 +283,13 @@ mod tests {
     #[test]
     fn checks_follow_the_manifestation() {
         let clean = facts("completed", 2, true);
-        let same = judge(Manifestation::Silent, &clean, &clean, "ok".into());
+        let same = judge(Manifestation::Silent, false, &clean, &clean, "ok".into());
         assert!(!same.valid);
         assert_eq!(same.failure(), Some("manifests"));
 
         let changed = judge(
             Manifestation::Silent,
+            false,
             &clean,
             &facts("failed", 2, true),
             "ok".into(),
@@ -245,25 +299,52 @@ mod tests {
         let early_crash = facts("crashed", 0, false);
         let v = judge(
             Manifestation::ExplicitError,
+            false,
             &clean,
             &early_crash,
             "ok".into(),
         );
         assert_eq!(v.failure(), Some("runs"));
-        let v = judge(Manifestation::Crash, &clean, &early_crash, "ok".into());
+        let v = judge(
+            Manifestation::Crash,
+            false,
+            &clean,
+            &early_crash,
+            "ok".into(),
+        );
         assert!(v.valid, "{v:?}");
 
         let mut cut_off = facts("completed", 1, false);
         cut_off.timed_out = true;
         cut_off.end = "ran past its time limit".into();
         let changed = facts("failed", 2, true);
-        let v = judge(Manifestation::Silent, &cut_off, &changed, "ok".into());
+        let v = judge(
+            Manifestation::Silent,
+            false,
+            &cut_off,
+            &changed,
+            "ok".into(),
+        );
         assert_eq!(v.failure(), Some("runs"));
         assert!(v.runs.unwrap().detail.contains("no baseline"));
 
+        let mut longer = clean.clone();
+        longer.features.input_tokens += 40;
+        let v = judge(Manifestation::Silent, false, &clean, &longer, "ok".into());
+        assert_eq!(v.failure(), Some("manifests"));
+        assert_eq!(v.classes, ["tokens"]);
+        assert!(v.manifests.unwrap().detail.contains("only token counts"));
+        let v = judge(Manifestation::Silent, true, &clean, &longer, "ok".into());
+        assert!(v.valid, "a token-counting bug shows in the count: {v:?}");
+        let mut answered = longer.clone();
+        answered.features.answer = Some("unknown".into());
+        let v = judge(Manifestation::Silent, false, &clean, &answered, "ok".into());
+        assert!(v.valid);
+        assert_eq!(v.classes, ["outputs", "tokens"]);
+
         let mut no_spans = facts("missing", 1, true);
         no_spans.spans = 0;
-        let v = judge(Manifestation::Silent, &clean, &no_spans, "ok".into());
+        let v = judge(Manifestation::Silent, false, &clean, &no_spans, "ok".into());
         assert_eq!(v.failure(), Some("traces"));
         assert_eq!(
             Validation::not_applied("x".into()).failure(),

@@ -24,6 +24,7 @@ fn options(max_episodes: Option<usize>) -> GenerateOptions {
         python: "python3".into(),
         timeout: Duration::from_secs(60),
         max_episodes,
+        llm: None,
     }
 }
 

@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod departure;
 pub mod limits;
 pub mod model_backend;
 pub mod rng;

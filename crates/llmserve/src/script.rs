@@ -124,6 +124,11 @@ pub struct Step {
     /// A transient provider failure on this step (see [`Fault`]).
     #[serde(default)]
     pub provider_fault: Option<Fault>,
+    /// Facts (numbers, file names) this step states that the model works out itself — a sum,
+    /// a date difference, a file name from a listing's naming pattern — rather than copies
+    /// from its prompt; [`crate::departure`] does not look for them in the prompt.
+    #[serde(default)]
+    pub computed: Vec<String>,
 }
 
 /// A provider failure the first `attempts` requests for a step meet, as real APIs fail now
@@ -341,6 +346,12 @@ impl ScriptStore {
 
     /// The step to play for `key` when the prompt already holds `assistant_turns` replies.
     pub fn lookup(&self, key: &ScriptKey, assistant_turns: usize) -> Result<Step, ScriptError> {
+        let steps = self.conversation(key)?;
+        Ok(steps[assistant_turns.min(steps.len() - 1)].clone())
+    }
+
+    /// Every step of `key`'s conversation (never empty).
+    pub fn conversation(&self, key: &ScriptKey) -> Result<Vec<Step>, ScriptError> {
         let script = self.script(&key.agent, &key.task)?;
         let steps = script
             .step(&key.conversation)
@@ -354,7 +365,7 @@ impl ScriptStore {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        Ok(steps[assistant_turns.min(steps.len() - 1)].clone())
+        Ok(steps.to_vec())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `scripted` backend: replays `agents/tasks/scripts/NAME/TASK_ID.json`.
 //!
-//! The solution path is fixed by the script; only the surface varies, seeded by the request's
+//! The solution path is fixed by the script, and the model departs from it where the request
+//! lacks what a real model needs to follow it ([`crate::departure`]); the surface varies, seeded by the request's
 //! `seed`, the script key and the step, so that two runs with the same seed see byte-identical
 //! replies while different seeds exercise the agent's parsing: JSON content is sometimes
 //! wrapped in a Markdown fence, tool-call ids differ, and (in [`crate::sse`]) chunk lengths and
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 use crate::api::{ApiError, ChatRequest, Completion, FinishReason, ToolCallOut};
 use crate::backend::{Backend, RequestContext};
+use crate::departure::{self, Departure};
 use crate::rng::{variation_seed, SplitMix64};
 use crate::script::{Fault, ScriptError, ScriptKey, ScriptStore};
 use crate::SCRIPTED_MODEL;
@@ -23,6 +25,8 @@ pub struct ScriptedBackend {
     store: ScriptStore,
     /// Requests that met a step's [`crate::script::Fault`] so far, by run, conversation and step.
     faulted: Mutex<HashMap<(ScriptKey, usize), u32>>,
+    /// Every departure from a script so far, as `SCRIPT@RUN turn N: DEPARTURE (WHY)`.
+    departed: Mutex<Vec<String>>,
 }
 
 impl ScriptedBackend {
@@ -30,6 +34,7 @@ impl ScriptedBackend {
         ScriptedBackend {
             store,
             faulted: Mutex::new(HashMap::new()),
+            departed: Mutex::new(Vec::new()),
         }
     }
 
@@ -46,6 +51,15 @@ impl ScriptedBackend {
         }
         *seen += 1;
         true
+    }
+
+    /// Every departure from a script so far, as `SCRIPT@RUN turn N: DEPARTURE (WHY)`: none
+    /// for a clean agent.
+    pub fn departures(&self) -> Vec<String> {
+        self.departed
+            .lock()
+            .expect("departure log poisoned")
+            .clone()
     }
 
     pub fn store(&self) -> &ScriptStore {
@@ -126,8 +140,31 @@ impl Backend for ScriptedBackend {
         };
         let key = ScriptKey::parse(header).map_err(script_error)?;
         let turn = request.assistant_turns();
-        let step = self.store.lookup(&key, turn).map_err(script_error)?;
-        let step = step.react(|| request.last_observation());
+        let steps = self.store.conversation(&key).map_err(script_error)?;
+        let departure::Played {
+            step,
+            departure,
+            why,
+        } = departure::play(&steps, turn, request);
+        if departure != Departure::Scripted {
+            self.departed
+                .lock()
+                .expect("departure log poisoned")
+                .push(format!(
+                    "{}@{} turn {turn}: {} ({why})",
+                    key.as_header(),
+                    key.run.as_deref().unwrap_or(""),
+                    departure.as_str()
+                ));
+            tracing::debug!(
+                script = %key.as_header(),
+                run = key.run.as_deref().unwrap_or(""),
+                turn,
+                departure = departure.as_str(),
+                why,
+                "the scripted model departs from its script"
+            );
+        }
         let fault = step
             .provider_fault
             .as_ref()

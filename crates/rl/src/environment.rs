@@ -198,6 +198,7 @@ impl Environment {
             python: "python3".into(),
             timeout,
             max_episodes: None,
+            llm: None,
         };
         let runner = EpisodeRunner::new(&workspace, &catalog, &options, out).map_err(env_err)?;
         Ok(Environment {

@@ -73,6 +73,29 @@ struct Episode {
     head_choices: Vec<(Vec<f32>, usize, f32)>,
 }
 
+/// What the Injector proposed in a step: the episodes, their plans and (diff mode) diffs.
+struct Proposed {
+    episodes: Vec<Episode>,
+    planned: Vec<corpus::Planned>,
+    diffs: Vec<Option<String>>,
+}
+
+/// A step's scored investigations: the PPO batches and the sums its metrics are made of.
+struct Scored {
+    samples_inj: Vec<Sample>,
+    samples_det: Vec<Sample>,
+    samples_head: Vec<HeadSample>,
+    r_inj_sum: f64,
+    r_det_sum: f64,
+    detected: usize,
+    localised: usize,
+    calls: usize,
+    investigated: usize,
+    new_failures: Vec<FailedInvestigation>,
+    chosen_types: Vec<String>,
+    log: String,
+}
+
 /// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
 /// randomness in a run.
 pub fn mix(seed: u64, step: u64, index: u64, purpose: u64) -> u64 {
@@ -678,15 +701,103 @@ impl Trainer {
         Ok(outcome)
     }
 
-    /// One self-play step.
+    /// One self-play step: the Injector proposes, the agents run, the Detector investigates,
+    /// rewards are computed and both roles are updated. Each phase is a function below.
     fn step(&mut self, env: &mut Environment, step: u64) -> Result<StepMetrics> {
         let started = Instant::now();
+        let n = self.config.run.injections_per_step;
+        // 1. The Injector proposes.
+        let mut proposed = self.propose(env, step)?;
+        // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
+        self.run_and_investigate(env, step, &mut proposed)?;
+        let episodes = proposed.episodes;
+        // 4. Rewards, and the higher-order reviews that join the Detector's batch.
+        let mut scored = self.score(env, step, &episodes)?;
+        self.write_investigations(step, &scored.log)?;
+        let reviews = self.higher_order_reviews(step, std::mem::take(&mut scored.new_failures))?;
+        let review_reward = (!reviews.is_empty())
+            .then(|| reviews.iter().map(|s| s.reward).sum::<f64>() / reviews.len() as f64);
+        let n_reviews = reviews.len();
+        scored.samples_det.extend(reviews);
+        let tokens: usize = scored
+            .samples_inj
+            .iter()
+            .chain(&scored.samples_det)
+            .map(|s| s.conversation.len())
+            .sum();
+        // 5. PPO, role-alternating: the Injector's batch, then the Detector's.
+        let (stats, head_stats) = self.update(env, step, &mut scored)?;
+        let Scored {
+            samples_inj,
+            r_inj_sum,
+            r_det_sum,
+            detected,
+            localised,
+            calls,
+            investigated,
+            chosen_types,
+            ..
+        } = scored;
+        let weighted = |f: fn(&ppo::PpoStats) -> f64| {
+            let t: usize = stats.iter().map(|s| s.tokens).sum();
+            (t > 0).then(|| stats.iter().map(|s| f(s) * s.tokens as f64).sum::<f64>() / t as f64)
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let nf = n as f64;
+        let valid = episodes.iter().filter(|e| !e.detections.is_empty()).count();
+        let per_inv = |x: f64| (investigated > 0).then(|| x / investigated as f64);
+        let mut unique = chosen_types.clone();
+        unique.sort();
+        unique.dedup();
+        Ok(StepMetrics {
+            step,
+            phase: "ppo".into(),
+            unix_ms: unix_ms(),
+            reward_injector: Some(r_inj_sum / nf),
+            reward_detector: per_inv(r_det_sum),
+            reward_joint: Some(samples_inj.iter().map(|s| s.reward).sum::<f64>() / nf),
+            detection_accuracy: per_inv(detected as f64),
+            localisation_accuracy: per_inv(localised as f64),
+            injection_unique_types: Some(unique.len()),
+            injection_entropy: Some(metrics::entropy_of(&chosen_types)),
+            query_depth: per_inv(calls as f64),
+            kl: weighted(|s| s.kl),
+            value_loss: weighted(|s| s.value_loss),
+            sft_loss: None,
+            episodes_per_min: Some(nf / (secs / 60.0)),
+            tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
+            valid_injections: Some(valid),
+            investigations: Some(investigated),
+            episodes: Some(n),
+            higher_order: Some(n_reviews),
+            reward_review: review_reward,
+            seconds: Some(secs),
+            head_kl: head_stats.as_ref().map(|s| s.kl),
+            skipped_update: head_stats.as_ref().map(|s| s.skipped),
+            policy_loss: head_stats
+                .as_ref()
+                .map(|s| s.policy_loss)
+                .or(weighted(|s| s.policy_loss)),
+            entropy: head_stats
+                .as_ref()
+                .map(|s| s.entropy)
+                .or(weighted(|s| s.entropy)),
+            clip_fraction: head_stats
+                .as_ref()
+                .map(|s| s.clip_fraction)
+                .or(weighted(|s| s.clip_fraction)),
+            ..StepMetrics::default()
+        })
+    }
+
+    /// Phase 1: the Injector chooses `injections_per_step` (type, site, variant) options, one
+    /// agent after another, and (in diff mode) writes each diff; each choice is planned as an
+    /// episode.
+    fn propose(&mut self, env: &mut Environment, step: u64) -> Result<Proposed> {
         let seed = self.config.run.seed;
         let n = self.config.run.injections_per_step;
         let agents = self.config.run.agents.clone();
         let injector = self.adapter(Role::Injector);
-
-        // 1. The Injector proposes.
         let history = history_line(&self.state.history);
         let mut episodes = Vec::with_capacity(n);
         let mut planned = Vec::with_capacity(n);
@@ -748,7 +859,28 @@ impl Trainer {
             });
         }
 
-        // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
+        Ok(Proposed {
+            episodes,
+            planned,
+            diffs,
+        })
+    }
+
+    /// Phases 2 and 3: the agents run the planned episodes on a worker thread, and the
+    /// Detector investigates each valid trace as it arrives (through the decision head, or
+    /// `samples_per_trace` sampled investigations).
+    fn run_and_investigate(
+        &self,
+        env: &mut Environment,
+        step: u64,
+        proposed: &mut Proposed,
+    ) -> Result<()> {
+        let seed = self.config.run.seed;
+        let Proposed {
+            episodes,
+            planned,
+            diffs,
+        } = proposed;
         let stores = self.options.run_dir.join("live").join("stores");
         std::fs::create_dir_all(&stores).map_err(|e| RlError::io(&stores, e))?;
         let store_path = stores.join(format!("step-{step}.sqlite"));
@@ -770,8 +902,8 @@ impl Trainer {
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             let env_ref = &mut *env;
-            let planned_ref = &planned;
-            let diffs_ref = &diffs;
+            let planned_ref = &*planned;
+            let diffs_ref = &*diffs;
             scope.spawn(move || {
                 for (i, p) in planned_ref.iter().enumerate() {
                     let r = match &diffs_ref[i] {
@@ -853,7 +985,15 @@ impl Trainer {
             )));
         }
 
-        // 4. Rewards.
+        Ok(())
+    }
+
+    /// Phase 4: the rewards. Each investigation is scored on its own joint reward; the
+    /// Injector's reward is its expected reward over the trace's investigations; an invalid
+    /// injection gets the Injector's invalid-episode reward. Also records the Injector's
+    /// history and the step's higher-order candidates.
+    fn score(&mut self, env: &mut Environment, step: u64, episodes: &[Episode]) -> Result<Scored> {
+        let per_trace = self.config.detector.samples_per_trace;
         let w = &self.config.reward;
         let mut samples_inj = Vec::new();
         let mut samples_det = Vec::new();
@@ -947,7 +1087,28 @@ impl Trainer {
                 group: 0,
             });
         }
-        // Every investigation of the step, for reading what the Detector did (not read back).
+        // The Injector sees its last 16 outcomes.
+        let keep = self.state.history.len().saturating_sub(16);
+        self.state.history.drain(..keep);
+        Ok(Scored {
+            samples_inj,
+            samples_det,
+            samples_head,
+            r_inj_sum,
+            r_det_sum,
+            detected,
+            localised,
+            calls,
+            investigated,
+            new_failures,
+            chosen_types,
+            log,
+        })
+    }
+
+    /// Every investigation of the step as JSON Lines, for reading what the Detector did (never
+    /// read back).
+    fn write_investigations(&self, step: u64, log: &str) -> Result<()> {
         let log_path = self
             .options
             .run_dir
@@ -958,10 +1119,17 @@ impl Trainer {
             std::fs::create_dir_all(dir).map_err(|e| RlError::io(dir, e))?;
         }
         std::fs::write(&log_path, log).map_err(|e| RlError::io(&log_path, e))?;
-        let keep = self.state.history.len().saturating_sub(16);
-        self.state.history.drain(..keep);
+        Ok(())
+    }
 
-        // Higher-order examples from earlier steps' failures.
+    /// The higher-order reviews of earlier steps' failed investigations (when enabled), and
+    /// this step's failures queued for later steps.
+    fn higher_order_reviews(
+        &mut self,
+        step: u64,
+        new_failures: Vec<FailedInvestigation>,
+    ) -> Result<Vec<Sample>> {
+        let seed = self.config.run.seed;
         let mut reviews = Vec::new();
         if self.config.higher_order.enabled {
             let take = self
@@ -995,22 +1163,24 @@ impl Trainer {
                 .saturating_sub(self.config.higher_order.buffer);
             self.state.failed.drain(..excess);
         }
-        let review_reward = (!reviews.is_empty())
-            .then(|| reviews.iter().map(|s| s.reward).sum::<f64>() / reviews.len() as f64);
-        let n_reviews = reviews.len();
-        samples_det.extend(reviews);
 
-        // 5. PPO, role-alternating: the Injector's batch, then the Detector's.
-        let tokens: usize = samples_inj
-            .iter()
-            .chain(&samples_det)
-            .map(|s| s.conversation.len())
-            .sum();
+        Ok(reviews)
+    }
+
+    /// Phase 5: PPO, role-alternating — the Injector's batch, then the Detector's — and the
+    /// decision head's update (head mode).
+    fn update(
+        &mut self,
+        env: &mut Environment,
+        step: u64,
+        scored: &mut Scored,
+    ) -> Result<(Vec<ppo::PpoStats>, Option<head::HeadStats>)> {
+        let (samples_inj, samples_det) = (&scored.samples_inj, &scored.samples_det);
         let ppo_cfg = self.config.ppo.clone();
         let mut stats = Vec::new();
         for (role, batch, entropy_coef) in [
-            (Role::Injector, &samples_inj, ppo_cfg.entropy_coef_injector),
-            (Role::Detector, &samples_det, ppo_cfg.entropy_coef_detector),
+            (Role::Injector, samples_inj, ppo_cfg.entropy_coef_injector),
+            (Role::Detector, samples_det, ppo_cfg.entropy_coef_detector),
         ] {
             if batch.is_empty() {
                 continue;
@@ -1030,57 +1200,8 @@ impl Trainer {
                 entropy_coef,
             )?);
         }
-        let head_stats = self.update_head(env, step, samples_head)?;
-        let weighted = |f: fn(&ppo::PpoStats) -> f64| {
-            let t: usize = stats.iter().map(|s| s.tokens).sum();
-            (t > 0).then(|| stats.iter().map(|s| f(s) * s.tokens as f64).sum::<f64>() / t as f64)
-        };
-        let secs = started.elapsed().as_secs_f64();
-        let nf = n as f64;
-        let valid = episodes.iter().filter(|e| !e.detections.is_empty()).count();
-        let per_inv = |x: f64| (investigated > 0).then(|| x / investigated as f64);
-        let mut unique = chosen_types.clone();
-        unique.sort();
-        unique.dedup();
-        Ok(StepMetrics {
-            step,
-            phase: "ppo".into(),
-            unix_ms: unix_ms(),
-            reward_injector: Some(r_inj_sum / nf),
-            reward_detector: per_inv(r_det_sum),
-            reward_joint: Some(samples_inj.iter().map(|s| s.reward).sum::<f64>() / nf),
-            detection_accuracy: per_inv(detected as f64),
-            localisation_accuracy: per_inv(localised as f64),
-            injection_unique_types: Some(unique.len()),
-            injection_entropy: Some(metrics::entropy_of(&chosen_types)),
-            query_depth: per_inv(calls as f64),
-            kl: weighted(|s| s.kl),
-            value_loss: weighted(|s| s.value_loss),
-            sft_loss: None,
-            episodes_per_min: Some(nf / (secs / 60.0)),
-            tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
-            valid_injections: Some(valid),
-            investigations: Some(investigated),
-            episodes: Some(n),
-            higher_order: Some(n_reviews),
-            reward_review: review_reward,
-            seconds: Some(secs),
-            head_kl: head_stats.as_ref().map(|s| s.kl),
-            skipped_update: head_stats.as_ref().map(|s| s.skipped),
-            policy_loss: head_stats
-                .as_ref()
-                .map(|s| s.policy_loss)
-                .or(weighted(|s| s.policy_loss)),
-            entropy: head_stats
-                .as_ref()
-                .map(|s| s.entropy)
-                .or(weighted(|s| s.entropy)),
-            clip_fraction: head_stats
-                .as_ref()
-                .map(|s| s.clip_fraction)
-                .or(weighted(|s| s.clip_fraction)),
-            ..StepMetrics::default()
-        })
+        let head_stats = self.update_head(env, step, std::mem::take(&mut scored.samples_head))?;
+        Ok((stats, head_stats))
     }
 }
 

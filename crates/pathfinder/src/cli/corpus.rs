@@ -57,6 +57,11 @@ struct GenerateArgs {
     /// Wall-clock limit of one agent run, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     timeout: u64,
+    /// Drive the agents with this OpenAI-compatible endpoint (http://HOST:PORT or unix:/path;
+    /// a real model served by vLLM or llama.cpp) instead of the scripted model. Clean runs are
+    /// judged by each task's checker as always; a task the model fails clean gives no baseline.
+    #[arg(long, value_name = "URL")]
+    llm: Option<String>,
 }
 
 pub fn run(args: CorpusArgs) -> Result<()> {
@@ -105,6 +110,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         python: args.python.clone(),
         timeout: Duration::from_secs(args.timeout),
         max_episodes: args.max_episodes,
+        llm: args.llm.clone(),
     };
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
@@ -150,9 +156,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
                 let failures: Vec<String> =
                     t.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
                 println!(
-                    "  {ty:<4} {}/{} valid{}",
+                    "  {ty:<4} {}/{} valid{}{}",
                     t.valid,
                     t.episodes,
+                    if t.token_only > 0 {
+                        format!(", {} token counts only", t.token_only)
+                    } else {
+                        String::new()
+                    },
                     if failures.is_empty() {
                         String::new()
                     } else {
@@ -166,6 +177,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
                     report.uncovered.len()
                 );
             }
+            let table = &report.confusability;
+            println!(
+                "types told apart: {}/{} same-agent, same-task type pairs ({:.1}%) leave traces that differ in more than token counts; {} type pairs never differ where they meet (report.json, `confusability`)",
+                table.differing,
+                table.pairs,
+                100.0 * table.share_differing(),
+                table.never_apart.len()
+            );
             println!(
                 "keyword baseline named {}/{} valid episodes; digest {}",
                 report.keyword_named, report.keyword_ran, report.digest
