@@ -161,7 +161,18 @@ pub fn run(
     db: &Path,
     traces: &[Labelled],
     options: &RunOptions,
-    on_done: impl FnMut(&Case),
+    mut on_done: impl FnMut(&Case),
+) -> Result<Vec<Case>> {
+    run_transcribed(db, traces, options, |case, _| on_done(case))
+}
+
+/// [`run`], handing `on_done` each episode's transcript too (for pages that show the
+/// investigation).
+pub fn run_transcribed(
+    db: &Path,
+    traces: &[Labelled],
+    options: &RunOptions,
+    on_done: impl FnMut(&Case, &Transcript),
 ) -> Result<Vec<Case>> {
     if !DETECTORS.contains(&options.detector.as_str()) {
         return Err(Error::Detector(format!(
@@ -174,7 +185,7 @@ pub fn run(
         ablations: options.ablations,
         ..Config::default()
     };
-    run_policies(
+    run_policies_transcribed(
         db,
         traces,
         config,
@@ -189,8 +200,19 @@ pub fn run_policies(
     db: &Path,
     traces: &[Labelled],
     config: Config,
-    mut make_policy: impl FnMut(&Labelled) -> Result<Box<dyn detect::Policy>>,
+    make_policy: impl FnMut(&Labelled) -> Result<Box<dyn detect::Policy>>,
     mut on_done: impl FnMut(&Case),
+) -> Result<Vec<Case>> {
+    run_policies_transcribed(db, traces, config, make_policy, |case, _| on_done(case))
+}
+
+/// [`run_policies`], handing `on_done` each episode's transcript too.
+pub fn run_policies_transcribed(
+    db: &Path,
+    traces: &[Labelled],
+    config: Config,
+    mut make_policy: impl FnMut(&Labelled) -> Result<Box<dyn detect::Policy>>,
+    mut on_done: impl FnMut(&Case, &Transcript),
 ) -> Result<Vec<Case>> {
     let detector = Detector::new(PathBuf::from(db), config, false)
         .map_err(|e| Error::Detector(format!("starting the detector: {e}")))?;
@@ -204,7 +226,7 @@ pub fn run_policies(
                 cause: Box::new(source),
             })?;
         let case = case_of(t, &transcript);
-        on_done(&case);
+        on_done(&case, &transcript);
         cases.push(case);
     }
     Ok(cases)

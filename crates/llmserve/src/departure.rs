@@ -14,20 +14,24 @@
 //! | shows a table's rows without a header                 | reads a value from the wrong column ([`Departure::Misread`]) |
 //! | offers a tool whose description says nothing beyond its name | guesses its arguments on first use ([`Departure::GuessedArguments`]) |
 //! | tells it to answer from what it knows / keep tools to a minimum | answers at once, from memory ([`Departure::FromMemory`]) |
-//! | piles prohibitions into the system prompt              | refuses ([`Departure::Refusal`])    |
+//! | piles six or more prohibitions into the system prompt | refuses ([`Departure::Refusal`])    |
 //! | has no system message, or gives it two identities     | asks which role it has ([`Departure::RoleConfusion`]) |
 //! | asks for one fact or one call at a time               | makes one call with one condition ([`Departure::OneAtATime`]) |
 //! | shows a name only in another Unicode form             | copies that form ([`Departure::CopiedSpelling`]) |
 //!
-//! Why a real model does this: TRAIL and AgentErrorBench (`../shared/papers`) find tool
-//! selection and argument errors, misread tool output, hallucinated facts and instruction
-//! non-compliance among the most frequent failures of strong models in agent traces; a model
-//! cannot copy a fact that is no longer in its context, and when told to rely on its own
-//! knowledge it states a plausible value instead of looking it up.
+//! Why a real model does this: TRAIL counts formatting errors and instruction non-compliance
+//! as 353 of the 841 errors it annotates in agent traces (42%), and lists tool-selection
+//! errors and hallucinated or ungrounded facts (invented tool outputs, misunderstood tool
+//! functions) among the rest; TRAJECT-Bench scores tool selection and argument correctness
+//! apart from the final answer because a wrong answer so often starts there. A model cannot
+//! copy a fact that is no longer in its context, and told to rely on its own knowledge it
+//! states a plausible value instead of looking it up.
 //!
-//! Clean runs never depart: every fact a script uses is in the prompt a clean agent sends,
-//! the clean prompts carry few prohibitions, one identity and described tools. The
-//! `clean_scripts_play_as_written` test in `crates/agents` and `agents suite` check that.
+//! Clean runs never depart: every fact a script uses is in the prompt a clean agent sends (or
+//! listed in the step's `computed`, for sums and names the model works out), and the clean
+//! prompts carry at most five prohibitions, one identity and described tools. The
+//! `clean_scripts_play_as_written` test in `crates/agents` and `agents suite` with
+//! `PATHFINDER_LOG=llmserve=debug` check that.
 
 use std::collections::BTreeSet;
 

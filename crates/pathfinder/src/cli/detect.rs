@@ -43,6 +43,10 @@ pub struct RunArgs {
     /// Also write the transcript as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub transcript_json: Option<PathBuf>,
+    /// Also write a self-contained HTML page of the trace and the investigation to this file:
+    /// the span tree, every turn, the verdict and the span it blames.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// Import the episode as a trace into this (writable) store, e.g. for self-play training.
     #[arg(long, value_name = "DB")]
     pub save_episode: Option<PathBuf>,
@@ -116,6 +120,28 @@ fn run_policy(args: RunArgs) -> Result<()> {
     if let Some(path) = &args.transcript_json {
         let text = serde_json::to_string_pretty(&transcript)?;
         write_atomically(path, text.as_bytes())?;
+    }
+    if let Some(path) = &args.html {
+        let store = traces::Store::open_read_only(db)
+            .with_context(|| format!("opening {}", db.display()))?;
+        let spans = store
+            .spans(trace)
+            .with_context(|| format!("reading the spans of trace {trace}"))?;
+        let catalog = taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
+        let answers = [view::Answer::from_transcript(
+            args.policy.clone(),
+            transcript.clone(),
+        )];
+        let page = view::trace_page(&view::TracePage {
+            trace_id: trace,
+            spans: &spans,
+            answers: &answers,
+            catalog: &catalog,
+            label: None,
+            index_href: None,
+        });
+        write_atomically(path, page.as_bytes())?;
+        eprintln!("wrote {}", path.display());
     }
     if let Some(store) = &args.save_episode {
         let mut store =

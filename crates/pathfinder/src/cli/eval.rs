@@ -2,6 +2,7 @@
 //! calls, per category, confusion) or a blame baseline on labelled chat logs (agent, exact
 //! step, step within ±k), every figure with a bootstrap confidence interval.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::write_atomically;
@@ -76,7 +77,8 @@ pub struct EvalArgs {
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
-    /// Also write report.md and report.json into this directory.
+    /// Also write report.md and report.json into this directory, and (for --db) one
+    /// self-contained HTML page per investigated trace under traces/ with an index.html.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
@@ -169,15 +171,18 @@ fn estimate_bar(label: String, e: &Option<::eval::bootstrap::Estimate>) -> Optio
     })
 }
 
+/// A run's name: its detector and ablation switches.
+fn run_label(r: &StoreReport) -> String {
+    if r.ablations.is_empty() {
+        r.detector.clone()
+    } else {
+        format!("{} {}", r.detector, r.ablations.join(" "))
+    }
+}
+
 /// Detection and localisation accuracy of each detector (and ablation), with intervals.
 fn store_charts(reports: &[StoreReport]) -> Vec<(&'static str, BarChart)> {
-    let label = |r: &StoreReport| {
-        if r.ablations.is_empty() {
-            r.detector.clone()
-        } else {
-            format!("{} {}", r.detector, r.ablations.join(" "))
-        }
-    };
+    let label = run_label;
     let chart = |title: &str, bars: Vec<Bar>| BarChart {
         title: title.into(),
         y_label: "accuracy (95% CI)".into(),
@@ -346,11 +351,21 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         "investigating",
     );
     let mut reports = Vec::new();
+    // Per run (aligned with `reports`): the transcripts by trace, kept only for the HTML pages.
+    let want_pages = args.out.is_some();
+    let mut transcripts: Vec<HashMap<String, detect::Transcript>> = Vec::new();
     for (detector, kind) in detectors.iter().zip(&named) {
         for (ablations, ablation_names) in &settings {
             let on_done = |case: &metrics::Case| {
                 bar.set_message(format!("{detector} {}", case.trace_id));
                 bar.inc(1);
+            };
+            let mut kept = HashMap::new();
+            let transcribed = |case: &metrics::Case, t: &detect::Transcript| {
+                on_done(case);
+                if want_pages {
+                    kept.insert(case.trace_id.clone(), t.clone());
+                }
             };
             let cases = match kind {
                 Named::Builtin(name) => {
@@ -358,7 +373,8 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                         detector: name.clone(),
                         ablations: *ablations,
                     };
-                    store_eval::run(db, &traces, &options, on_done).map_err(anyhow::Error::from)
+                    store_eval::run_transcribed(db, &traces, &options, transcribed)
+                        .map_err(anyhow::Error::from)
                 }
                 Named::ZeroShot | Named::Rag => {
                     bar.set_message(format!("{detector}: loading the model"));
@@ -383,12 +399,12 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     bar.set_message(format!("{detector}: fitting on the train split"));
                     fit_classifier(db, args).and_then(|c| {
                         let c = std::sync::Arc::new(c);
-                        store_eval::run_policies(
+                        store_eval::run_policies_transcribed(
                             db,
                             &traces,
                             detect::Config::default(),
                             |_| Ok(c.policy()),
-                            on_done,
+                            transcribed,
                         )
                         .map_err(anyhow::Error::from)
                     })
@@ -396,7 +412,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                 Named::Checkpoint(dir) => {
                     bar.set_message(format!("{detector}: loading the checkpoint"));
                     eval_models::load_checkpoint(dir)
-                        .and_then(|trained| trained.run(db, &traces, on_done))
+                        .and_then(|trained| trained.run(db, &traces, transcribed))
                         .with_context(|| format!("detector {detector}"))
                 }
             };
@@ -407,6 +423,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     return Err(err);
                 }
             };
+            transcripts.push(kept);
             reports.push(StoreReport {
                 store: db.display().to_string(),
                 holdout_agent: args.holdout_agent.clone(),
@@ -420,6 +437,9 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         }
     }
     bar.finish_and_clear();
+    if let Some(dir) = &args.out {
+        write_pages(dir, db, &traces, &reports, transcripts, &catalog)?;
+    }
     let charts = store_charts(&reports);
     if let [report] = reports.as_slice() {
         return Ok(Rendered {
@@ -439,6 +459,82 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         json,
         charts,
     })
+}
+
+/// One HTML page per evaluated trace under `DIR/traces/` (the trace, every run's
+/// investigation and verdict side by side, the ground truth) and `DIR/index.html` listing them.
+fn write_pages(
+    dir: &Path,
+    db: &Path,
+    traces: &[store_eval::Labelled],
+    reports: &[StoreReport],
+    mut transcripts: Vec<HashMap<String, detect::Transcript>>,
+    catalog: &taxonomy::Catalog,
+) -> Result<()> {
+    let pages = dir.join("traces");
+    std::fs::create_dir_all(&pages).with_context(|| format!("creating {}", pages.display()))?;
+    let store =
+        ::traces::Store::open_read_only(db).with_context(|| format!("opening {}", db.display()))?;
+    let mut rows = Vec::new();
+    for t in traces {
+        let spans = store
+            .spans(&t.trace_id)
+            .with_context(|| format!("reading the spans of trace {}", t.trace_id))?;
+        // The label the evaluation scored against: the trace's first one naming a type.
+        let label = store
+            .labels(&t.trace_id)
+            .with_context(|| format!("reading the labels of trace {}", t.trace_id))?
+            .into_iter()
+            .find(|l| l.deficiency_id.is_some());
+        let mut answers = Vec::new();
+        for (r, kept) in reports.iter().zip(transcripts.iter_mut()) {
+            let name = run_label(r);
+            if let Some(transcript) = kept.remove(&t.trace_id) {
+                answers.push(view::Answer::from_transcript(name, transcript));
+            } else if let Some(case) = r.cases.iter().find(|c| c.trace_id == t.trace_id) {
+                answers.push(view::Answer {
+                    detector: name,
+                    verdict: case
+                        .predicted
+                        .as_ref()
+                        .map(|p| detect::Verdict::Deficiency {
+                            deficiency_id: p.deficiency_id.clone(),
+                            component: p.component.clone(),
+                            evidence: String::new(),
+                        }),
+                    outcome: case.outcome.clone(),
+                    transcript: None,
+                });
+            }
+        }
+        let file = format!("{}.html", view::slug(&t.trace_id));
+        let html = view::trace_page(&view::TracePage {
+            trace_id: &t.trace_id,
+            spans: &spans,
+            answers: &answers,
+            catalog,
+            label: label.as_ref(),
+            index_href: Some("../index.html"),
+        });
+        write_atomically(&pages.join(&file), html.as_bytes())?;
+        for a in answers {
+            rows.push(view::IndexRow {
+                trace_id: t.trace_id.clone(),
+                href: format!("traces/{file}"),
+                detector: a.detector,
+                verdict: a.verdict,
+                label: label.clone(),
+            });
+        }
+    }
+    let index = view::index_page(&format!("Evaluation of {}", db.display()), &rows, catalog);
+    write_atomically(&dir.join("index.html"), index.as_bytes())?;
+    eprintln!(
+        "wrote {0}/index.html and {1} pages under {0}/traces/",
+        dir.display(),
+        traces.len()
+    );
+    Ok(())
 }
 
 /// The ablation switches, in Table 7's order.

@@ -205,7 +205,7 @@ impl Trained {
         self,
         db: &Path,
         traces: &[Labelled],
-        on_done: impl FnMut(&Case),
+        on_done: impl FnMut(&Case, &detect::Transcript),
     ) -> Result<Vec<Case>> {
         let grammar = Arc::new(ActionGrammar::new(
             &self.model.tokenizer,
@@ -234,7 +234,7 @@ impl Trained {
                 .map(|runs| runs.join(".feature-cache"))
                 .filter(|c| c.is_dir());
             let reader = rl::head::reader(&shared, self.adapter, &system, cache.as_deref())?;
-            return Ok(store_eval::run_policies(
+            return Ok(store_eval::run_policies_transcribed(
                 db,
                 traces,
                 rl::evaluate::learned_config(detect::probes::battery_turns()),
@@ -242,7 +242,7 @@ impl Trained {
                 on_done,
             )?);
         }
-        let cases = store_eval::run_policies(
+        let cases = store_eval::run_policies_transcribed(
             db,
             traces,
             rl::evaluate::learned_config(self.config.detector.max_turns),
