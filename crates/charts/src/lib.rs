@@ -53,6 +53,16 @@ pub struct LineChart {
     pub series: Vec<Series>,
     /// Fixed y bounds (an accuracy's 0 to 1); `None` fits the data.
     pub y_range: Option<(f64, f64)>,
+    /// Single points drawn as black triangles with a legend entry each (the held-out figure
+    /// after the warm start alone, on curves that go on with PPO).
+    pub marks: Vec<Mark>,
+}
+
+/// A marked point of a line chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mark {
+    pub name: String,
+    pub point: (f64, f64),
 }
 
 /// One bar with an optional interval drawn as a whisker (e.g. a bootstrap 95% CI).
@@ -155,6 +165,13 @@ fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
+/// An x axis of steps: from the first step, to the last plus 5% of the span (at least one
+/// step, so that a single evaluation at step 0 does not draw an axis from −1 to 1).
+fn steps_axis(lo: f64, hi: f64) -> (f64, f64) {
+    let span = (hi - lo).max(1.0);
+    (lo, lo + span * 1.05)
+}
+
 /// `[lo, hi]` padded by 5% (or by 1 when the range is a single value).
 fn padded(lo: f64, hi: f64) -> (f64, f64) {
     if hi - lo < 1e-12 {
@@ -187,7 +204,16 @@ pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
             (s.name.as_str(), pts)
         })
         .collect();
-    let all: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+    let marks: Vec<&Mark> = chart
+        .marks
+        .iter()
+        .filter(|m| m.point.0.is_finite() && m.point.1.is_finite())
+        .collect();
+    let all: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .chain(marks.iter().map(|m| m.point))
+        .collect();
     if all.is_empty() {
         return Err(ChartError::Data {
             path: path.to_owned(),
@@ -198,7 +224,7 @@ pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
     let fold = |f: fn(f64, f64) -> f64, init: f64, pick: fn(&(f64, f64)) -> f64| {
         all.iter().map(pick).fold(init, f)
     };
-    let x = padded(
+    let x = steps_axis(
         fold(f64::min, f64::INFINITY, |p| p.0),
         fold(f64::max, f64::NEG_INFINITY, |p| p.0),
     );
@@ -236,14 +262,23 @@ pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
             ctx.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
                 .map_err(|e| err(e.to_string()))?;
         }
-        if series.len() > 1 {
-            ctx.configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 16))
-                .draw()
-                .map_err(|e| err(e.to_string()))?;
+        for mark in &marks {
+            ctx.draw_series(std::iter::once(TriangleMarker::new(
+                mark.point,
+                8,
+                BLACK.filled(),
+            )))
+            .map_err(|e| err(e.to_string()))?
+            .label(mark.name.as_str())
+            .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, BLACK.filled()));
         }
+        // Every series and mark is named in the legend, a single one too.
+        ctx.configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 16))
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
         root.present().map_err(|e| err(e.to_string()))?;
     }
     write_png(path, &pixels)
@@ -396,6 +431,10 @@ mod tests {
             x_label: "step".into(),
             y_label: "mean reward".into(),
             y_range: None,
+            marks: vec![Mark {
+                name: "after the warm start".into(),
+                point: (0.0, 0.3),
+            }],
             series: vec![
                 Series {
                     name: "injector".into(),
@@ -412,7 +451,14 @@ mod tests {
         assert_eq!((info.width, info.height), SIZE);
         assert!(count(&buf, colour(0)) > 100, "first series not drawn");
         assert!(count(&buf, colour(1)) > 100, "second series not drawn");
+        assert!(count(&buf, BLACK) > 50, "the mark (and the axes) not drawn");
         assert!(!dir.path().join("reward.png.partial").exists());
+    }
+
+    #[test]
+    fn a_single_step_draws_its_axis_from_that_step() {
+        assert_eq!(steps_axis(0.0, 0.0), (0.0, 1.05));
+        assert_eq!(steps_axis(1.0, 4.0), (1.0, 1.0 + 3.0 * 1.05));
     }
 
     #[test]
@@ -454,6 +500,7 @@ mod tests {
             x_label: "step".into(),
             y_label: "nats".into(),
             y_range: None,
+            marks: Vec::new(),
             series: vec![Series {
                 name: "kl".into(),
                 points: vec![(0.0, f64::NAN)],

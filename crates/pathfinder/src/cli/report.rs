@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use charts::{LineChart, Series};
+use charts::{LineChart, Mark, Series};
 use clap::Args;
 use rl::metrics::StepMetrics;
 use rl::report::{self, RunLog};
@@ -66,6 +66,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
             y_label: "detection accuracy".into(),
             series,
             y_range: Some((0.0, 1.0)),
+            marks: logs
+                .iter()
+                .filter_map(|l| warm_start_mark(l, &format!("{}: SFT only", l.name)))
+                .collect(),
         };
         if let Err(e) = charts::line_chart(&out.join("held_out.png"), &chart) {
             eprintln!("held-out chart skipped: {e}");
@@ -95,6 +99,15 @@ fn resolve(runs_dir: &Path, name: &str) -> Result<PathBuf> {
     )
 }
 
+/// The held-out detection after the warm start alone (the step-0 evaluation), to mark on
+/// curves that go on with PPO.
+fn warm_start_mark(log: &RunLog, name: &str) -> Option<Mark> {
+    log.evals.iter().find(|e| e.step == 0).map(|e| Mark {
+        name: name.into(),
+        point: (0.0, e.detection_accuracy),
+    })
+}
+
 /// A metric of the PPO steps as a series (steps that lack it are left out).
 fn series(log: &RunLog, name: &str, f: impl Fn(&StepMetrics) -> Option<f64>) -> Series {
     Series {
@@ -114,6 +127,7 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
         y_label: y.into(),
         series,
         y_range: None,
+        marks: Vec::new(),
     };
     let held_out = Series {
         name: "held-out detection".into(),
@@ -152,15 +166,21 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
         ),
         (
             "accuracy.png",
-            line(
-                "Detection and localisation",
-                "accuracy",
-                vec![
-                    series(log, "detection (training)", |m| m.detection_accuracy),
-                    series(log, "localisation (training)", |m| m.localisation_accuracy),
-                    held_out,
-                ],
-            ),
+            LineChart {
+                y_range: Some((0.0, 1.0)),
+                marks: warm_start_mark(log, "held-out, SFT only (step 0)")
+                    .into_iter()
+                    .collect(),
+                ..line(
+                    "Detection and localisation",
+                    "accuracy",
+                    vec![
+                        series(log, "detection (training)", |m| m.detection_accuracy),
+                        series(log, "localisation (training)", |m| m.localisation_accuracy),
+                        held_out,
+                    ],
+                )
+            },
         ),
         (
             "diversity.png",
@@ -223,6 +243,7 @@ fn run_charts(log: &RunLog) -> Vec<(&'static str, LineChart)> {
             y_label: "nats per token".into(),
             series: vec![sft, sft_kl],
             y_range: None,
+            marks: Vec::new(),
         },
     ));
     all.into_iter()
