@@ -842,6 +842,9 @@ fn replace_facts(text: &str, missing: &[Fact], with: impl Fn(&Fact) -> String) -
 
 /// Replaces whole-word occurrences of `word` (not inside a longer number or word).
 fn replace_word(text: &str, word: &str, with: &str) -> String {
+    if word.is_empty() {
+        return text.to_owned();
+    }
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find(word) {
