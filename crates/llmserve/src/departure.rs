@@ -101,50 +101,45 @@ pub struct Played {
     pub why: String,
 }
 
-/// What the scripted model plays at `turn` of a conversation whose script is `steps`
-/// (non-empty).
-pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
-    let (step, departure, why) = choose(steps, turn, request);
-    Played {
-        step,
-        departure,
-        why,
+impl Played {
+    fn new(step: Step, departure: Departure, why: impl Into<String>) -> Played {
+        Played {
+            step,
+            departure,
+            why: why.into(),
+        }
     }
 }
 
-fn choose(steps: &[Step], turn: usize, request: &ChatRequest) -> (Step, Departure, String) {
+/// What the scripted model plays at `turn` of a conversation whose script is `steps`
+/// (non-empty).
+pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
     let n = turn.min(steps.len() - 1);
     let step = steps[n].react(|| request.last_observation()).clone();
     let reading = Reading::of(request);
-    let scripted_tools: BTreeSet<&str> = steps
-        .iter()
-        .flat_map(|s| s.tool_calls.iter().map(|c| c.name.as_str()))
-        .collect();
-    let uses_tools = !scripted_tools.is_empty();
+    let uses_tools = steps.iter().any(|s| !s.tool_calls.is_empty());
     tracing::trace!(turn, chars = reading.text.len(), "prompt size");
     if turn == 0 {
+        let rules = reading.prohibitions();
         tracing::trace!(
-            prohibitions = reading.prohibitions().len(),
+            prohibitions = rules.len(),
             identities = ?identities(&reading.system),
             undescribed = ?reading.undescribed,
             system = !reading.system.is_empty(),
-            offered = reading.offered.len(),
-            unused = reading.offered.iter().filter(|t| !scripted_tools.contains(t.as_str())).count(),
             "what the scripted model reads in a conversation's first request"
         );
         if uses_tools && reading.told_to_answer_from_memory() {
             let last = steps[steps.len() - 1].react(|| None);
             if let Some(content) = &last.content {
-                return (
+                return Played::new(
                     text_step(reading.answer_from_memory(content)),
                     Departure::FromMemory,
-                    "the system prompt says to answer from memory or keep tool use minimal".into(),
+                    "the system prompt says to answer from memory or keep tool use minimal",
                 );
             }
         }
-        let rules = reading.prohibitions();
         if rules.len() >= REFUSAL_RULES {
-            return (
+            return Played::new(
                 text_step(format!(
                     "I cannot do this task within the rules I was given: {} and {} leave no way to find and check the facts.",
                     rules[0], rules[1]
@@ -154,10 +149,10 @@ fn choose(steps: &[Step], turn: usize, request: &ChatRequest) -> (Step, Departur
             );
         }
         if let Some(question) = reading.role_confusion() {
-            return (
+            return Played::new(
                 text_step(question),
                 Departure::RoleConfusion,
-                "no system message, or two identities".into(),
+                "no system message, or two identities",
             );
         }
     }
@@ -175,21 +170,21 @@ fn choose(steps: &[Step], turn: usize, request: &ChatRequest) -> (Step, Departur
         let previous_calls = n >= 1 && !steps[n - 1].tool_calls.is_empty();
         if previous_calls && turn < steps.len() + RECHECKS {
             let again = steps[n - 1].react(|| None).clone();
-            return (reading.transform_calls(again).0, Departure::Recheck, why);
+            return Played::new(reading.transform_calls(again).0, Departure::Recheck, why);
         }
         if step.tool_calls.is_empty() {
             if let Some(content) = &step.content {
                 let answer = replace_facts(content, &missing, |_| "unknown".to_owned());
-                return (text_step(answer), Departure::GiveUp, why);
+                return Played::new(text_step(answer), Departure::GiveUp, why);
             }
         }
     }
     let (step, departure) = reading.transform_calls(step);
     if respelled && departure == Departure::Scripted {
-        return (
+        return Played::new(
             step,
             Departure::CopiedSpelling,
-            "a name the prompt spells in another Unicode form".into(),
+            "a name the prompt spells in another Unicode form",
         );
     }
     let why = match departure {
@@ -198,7 +193,7 @@ fn choose(steps: &[Step], turn: usize, request: &ChatRequest) -> (Step, Departur
         Departure::OneAtATime => "the system prompt asks for one lookup per call",
         _ => "",
     };
-    (step, departure, why.into())
+    Played::new(step, departure, why)
 }
 
 fn text_step(content: String) -> Step {
@@ -347,27 +342,23 @@ fn headerless_tables(text: &str) -> Vec<HeaderlessTable> {
     for delimiter in ['\t', ','] {
         let mut block: Vec<Vec<String>> = Vec::new();
         let mut flush = |block: &mut Vec<Vec<String>>| {
-            if block.len() >= 2 && block[0].iter().any(|f| value(f.trim()).is_some()) {
-                out.push(HeaderlessTable {
-                    rows: std::mem::take(block),
-                });
+            let rows = std::mem::take(block);
+            if rows.len() >= 2 && rows[0].iter().any(|f| value(f).is_some()) {
+                out.push(HeaderlessTable { rows });
             }
-            block.clear();
         };
         for line in text.lines() {
             let fields: Vec<String> = line.split(delimiter).map(|f| f.trim().to_owned()).collect();
-            let fits = fields.len() >= 2
-                && fields.iter().all(|f| !f.is_empty())
+            let row = fields.len() >= 2 && fields.iter().all(|f| !f.is_empty());
+            if !(row
                 && block
                     .first()
-                    .is_none_or(|first| first.len() == fields.len());
-            if fits {
-                block.push(fields);
-            } else {
+                    .is_none_or(|first| first.len() == fields.len()))
+            {
                 flush(&mut block);
-                if fields.len() >= 2 && fields.iter().all(|f| !f.is_empty()) {
-                    block.push(fields);
-                }
+            }
+            if row {
+                block.push(fields);
             }
         }
         flush(&mut block);
@@ -393,8 +384,6 @@ pub struct Reading {
     undescribed: BTreeSet<String>,
     /// Tools the model has called earlier in this conversation.
     called: BTreeSet<String>,
-    /// The names of the tools the request offers, in order.
-    offered: Vec<String>,
     /// Non-ASCII words of the prompt by their [`skeleton`], as the prompt spells them.
     spellings: std::collections::BTreeMap<String, String>,
 }
@@ -455,9 +444,7 @@ impl Reading {
                     .or_insert_with(|| token.to_owned());
             }
         }
-        let offered = request.tool_names();
         Reading {
-            offered,
             spellings,
             text,
             values,
