@@ -875,7 +875,6 @@ impl Trainer {
         step: u64,
         proposed: &mut Proposed,
     ) -> Result<()> {
-        let seed = self.config.run.seed;
         let Proposed {
             episodes,
             planned,
@@ -898,7 +897,6 @@ impl Trainer {
         )
         .map_err(|e| RlError::Environment(e.to_string()))?;
         let out = env.out().to_owned();
-        let per_trace = self.config.detector.samples_per_trace;
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             let env_ref = &mut *env;
@@ -934,43 +932,8 @@ impl Trainer {
                         episodes[i].detections.extend(detections);
                         episodes[i].head_choices.extend(choices);
                     } else {
-                        for k in 0..per_trace {
-                            let sink = Arc::new(Mutex::new(Conversation::new()));
-                            let policy = LearnedDetector::new(
-                                Arc::clone(&self.shared),
-                                Arc::clone(&self.grammar),
-                                self.detector_options(mix(
-                                    seed,
-                                    step,
-                                    (i * per_trace + k) as u64,
-                                    3,
-                                )),
-                            )
-                            .with_sink(Arc::clone(&sink));
-                            let transcript = detector
-                                .investigate(&trace_id, Box::new(policy))
-                                .map_err(|e| {
-                                    RlError::Environment(format!("investigating {trace_id}: {e}"))
-                                })?;
-                            let conversation =
-                                sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                            let (deficiency, component) = match transcript.verdict() {
-                                Some(Verdict::Deficiency {
-                                    deficiency_id,
-                                    component,
-                                    ..
-                                }) => (Some(deficiency_id.clone()), Some(component.clone())),
-                                _ => (None, None),
-                            };
-                            let detection = Detection {
-                                deficiency,
-                                component,
-                                tool_calls: eval::store_eval::tool_calls(&transcript),
-                            };
-                            episodes[i]
-                                .detections
-                                .push((detection, conversation, transcript));
-                        }
+                        let detections = self.investigate_tokens(&detector, &trace_id, step, i)?;
+                        episodes[i].detections.extend(detections);
                     }
                 }
                 episodes[i].manifest = Some(manifest);
@@ -1206,6 +1169,48 @@ impl Trainer {
 }
 
 impl Trainer {
+    /// `samples_per_trace` investigations of a live trace by the learned Detector, token by
+    /// token through the grammar, each with its own seed and its generated conversation.
+    fn investigate_tokens(
+        &self,
+        detector: &detect::Detector,
+        trace_id: &str,
+        step: u64,
+        i: usize,
+    ) -> Result<Vec<(Detection, Conversation, detect::Transcript)>> {
+        let seed = self.config.run.seed;
+        let per_trace = self.config.detector.samples_per_trace;
+        let mut out = Vec::with_capacity(per_trace);
+        for k in 0..per_trace {
+            let sink = Arc::new(Mutex::new(Conversation::new()));
+            let policy = LearnedDetector::new(
+                Arc::clone(&self.shared),
+                Arc::clone(&self.grammar),
+                self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)),
+            )
+            .with_sink(Arc::clone(&sink));
+            let transcript = detector
+                .investigate(trace_id, Box::new(policy))
+                .map_err(|e| RlError::Environment(format!("investigating {trace_id}: {e}")))?;
+            let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let (deficiency, component) = match transcript.verdict() {
+                Some(Verdict::Deficiency {
+                    deficiency_id,
+                    component,
+                    ..
+                }) => (Some(deficiency_id.clone()), Some(component.clone())),
+                _ => (None, None),
+            };
+            let detection = Detection {
+                deficiency,
+                component,
+                tool_calls: eval::store_eval::tool_calls(&transcript),
+            };
+            out.push((detection, conversation, transcript));
+        }
+        Ok(out)
+    }
+
     /// One investigation of a live trace with the probe battery and the decision head, then
     /// `samples_per_trace` choices sampled from the head's distribution over the same
     /// features (the battery is deterministic; only the choice is random). Returns each
