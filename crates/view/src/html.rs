@@ -136,9 +136,34 @@ table.index th{cursor:pointer;background:#f3f3f3;user-select:none}
 .controls button{margin-right:.5em}
 "#;
 
-/// Expand/collapse buttons and the index's column sort. Plain DOM, no libraries.
+/// Expand/collapse buttons, a span's fields built from the data island when its fold first
+/// opens (long values folded as [`value_into`] folds them), and the index's column sort. Plain
+/// DOM, no libraries; values go in as text, never as markup.
 const SCRIPT: &str = r#"
 (function(){
+  var FOLD=400, PREVIEW=120, fields=null;
+  function value(text){
+    var pre=document.createElement('pre');pre.className='val';pre.textContent=text;
+    var n=Array.from(text).length;
+    if(n<=FOLD)return pre;
+    var d=document.createElement('details');d.className='fold';
+    var s=document.createElement('summary');var c=document.createElement('code');
+    c.textContent=Array.from(text).slice(0,PREVIEW).join('');
+    var em=document.createElement('em');em.textContent='('+n+' characters)';
+    s.appendChild(c);s.appendChild(document.createTextNode('\u2026 '));s.appendChild(em);
+    d.appendChild(s);d.appendChild(pre);return d;
+  }
+  document.addEventListener('toggle',function(e){
+    var d=e.target;
+    if(!d.classList||!d.classList.contains('fields')||!d.open||d.hasAttribute('data-filled'))return;
+    if(fields===null){var el=document.getElementById('span-fields');fields=el?JSON.parse(el.textContent):[];}
+    var t=document.createElement('table');t.className='kv';
+    (fields[+d.getAttribute('data-fields')]||[]).forEach(function(r){
+      var tr=t.insertRow();var th=document.createElement('th');th.textContent=r[0];tr.appendChild(th);
+      tr.insertCell().appendChild(value(r[1]));
+    });
+    d.appendChild(t);d.setAttribute('data-filled','');
+  },true);
   document.querySelectorAll('button[data-tree]').forEach(function(b){
     b.addEventListener('click',function(){
       var open=b.getAttribute('data-tree')==='open';

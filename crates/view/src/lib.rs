@@ -9,7 +9,9 @@
 //! Invariants: pure functions of their arguments (no I/O); every value taken from a trace,
 //! transcript, label or catalog is HTML-escaped; a page names no external resource (all CSS
 //! and script inline, and a Content-Security-Policy that forbids loading anything); rendering
-//! is linear in the number of spans, and the tree is folded below its first two levels.
+//! is linear in the number of spans, and the tree is folded below its first two levels and past
+//! the first [`CHILDREN_SHOWN`] children of a span (in chunks of as many; the path to a blamed
+//! span stays open).
 
 mod html;
 mod investigation;
@@ -22,7 +24,7 @@ use taxonomy::Catalog;
 use traces::{Label, Span};
 
 pub use html::{escape, slug, FOLD_CHARS};
-pub use tree::OPEN_DEPTH;
+pub use tree::{CHILDREN_SHOWN, OPEN_DEPTH};
 
 use html::escape_into;
 

@@ -150,8 +150,13 @@ fn detect_page_shows_tree_transcript_verdict_and_blamed_span() {
     assert!(html.contains("<li class=\"span err blamed\" id=\"span-c\">"));
     assert!(html.contains("blamed by expert"));
     assert!(html.contains("<a href=\"#span-c\">"));
-    // The long output is folded.
-    assert!(html.contains(&format!("({} characters)", FOLD_CHARS * 3)));
+    // The long output is in the data island (the page's script folds it when shown), not in
+    // the markup.
+    let island = html
+        .split("<script type=\"application/json\" id=\"span-fields\">")
+        .nth(1);
+    assert!(island.unwrap().contains(&"x".repeat(FOLD_CHARS * 3)));
+    assert_eq!(html.matches(&"x".repeat(FOLD_CHARS * 3)).count(), 1);
     // No ground truth on a detect page.
     assert!(!html.contains("Ground truth"));
     assert_self_contained(&html);
@@ -173,12 +178,12 @@ fn attribute_values_are_escaped() {
         !html.contains("<script>alert"),
         "raw script from an attribute"
     );
-    assert!(
-        html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;quoted&quot;")
-    );
+    // In the data island, as inert JSON escapes.
+    assert!(html.contains(r#"\u003cscript\u003ealert('x')\u003c/script\u003e \u0026 \"quoted\""#));
     assert!(!html.contains("<b>id</b>"));
-    // The only script element is the page's own.
-    assert_eq!(html.matches("<script").count(), 1);
+    // The only script elements are the page's own: its data island and its script.
+    assert_eq!(html.matches("<script").count(), 2);
+    assert_eq!(html.matches("</script>").count(), 2);
 }
 
 #[test]
@@ -359,4 +364,45 @@ fn ten_thousand_spans_render_fast_and_fold_below_two_levels() {
     );
     assert_eq!(closed_deep, n - 10 - 2);
     assert!(html.contains("blamed by expert"));
+}
+
+/// A flat trace (a root with 1,000 children): the first `CHILDREN_SHOWN` children are listed,
+/// the rest folded in chunks of as many, and the chunk holding the blamed span starts open.
+#[test]
+fn many_siblings_fold_in_chunks_and_the_blamed_one_stays_in_view() {
+    let n = 1_000;
+    let mut spans = vec![span("s0", None, "root", SpanKind::Agent)];
+    for i in 1..=n {
+        let mut s = span(&format!("s{i}"), Some("s0"), "execute_tool", SpanKind::Tool);
+        if i == 555 {
+            s.status = StatusCode::Error;
+            s.error_type = Some("SchemaError".into());
+            s.code_filepath = Some("research/tools/schema.py".into());
+        }
+        spans.push(s);
+    }
+    let catalog = catalog();
+    let answers = [Answer::from_transcript("expert", transcript(p16()))];
+    let html = trace_page(&TracePage {
+        trace_id: TRACE,
+        spans: &spans,
+        answers: &answers,
+        catalog: &catalog,
+        label: None,
+        index_href: None,
+    });
+    assert_eq!(html.matches("<details class=\"span\"").count(), n + 1);
+    let chunks = (n - tree::CHILDREN_SHOWN).div_ceil(tree::CHILDREN_SHOWN);
+    assert_eq!(html.matches("<li class=\"more\">").count(), chunks);
+    assert!(html.contains("<summary>spans 101–200 of 1000</summary>"));
+    assert!(html.contains("<summary>spans 901–1000 of 1000</summary>"));
+    // Span 555 is the 555th child: chunk 501–600, the only open one.
+    assert_eq!(html.matches("<li class=\"more\"><details open>").count(), 1);
+    let open_at = html.find("<li class=\"more\"><details open>").unwrap();
+    assert!(html[open_at..]
+        .starts_with("<li class=\"more\"><details open><summary>spans 501–600 of 1000</summary>"));
+    assert_eq!(
+        html.matches("<details").count(),
+        html.matches("</details>").count()
+    );
 }

@@ -8,11 +8,15 @@ use std::fmt::Write as _;
 use serde_json::Value;
 use traces::Span;
 
-use crate::html::{duration, escape_into, slug, value_into};
+use crate::html::{duration, escape_into, slug};
 
 /// Levels of the tree shown open: roots (depth 0) and their children (depth 1); spans at depth
 /// 2 and below start closed.
 pub const OPEN_DEPTH: usize = 2;
+
+/// Children of one span listed before the rest are folded, in chunks of this many: a flat
+/// trace of 10,000 tool calls opens on 100 rows, not 10,000.
+pub const CHILDREN_SHOWN: usize = 100;
 
 /// Parent/child links of a span list, by index.
 pub struct Tree {
@@ -72,6 +76,43 @@ pub fn anchor(span: &Span) -> String {
     format!("span-{}", slug(&span.span_id))
 }
 
+/// One step of the tree's depth-first rendering.
+enum Step {
+    Enter(usize, usize),
+    Leave(bool),
+    /// A fold around siblings `from..=to` (1-based, as the summary shows them) of `of`.
+    ChunkOpen {
+        from: usize,
+        to: usize,
+        of: usize,
+        open: bool,
+    },
+    ChunkClose,
+}
+
+/// The steps that render `siblings` at `depth`, in order: the first [`CHILDREN_SHOWN`] as they
+/// are, the rest in folded chunks of that many (open when one holds a span on a blamed path).
+fn siblings_steps(siblings: &[usize], depth: usize, on_path: &[bool]) -> Vec<Step> {
+    let n = siblings.len();
+    let mut items = Vec::with_capacity(n + 2 * (n / CHILDREN_SHOWN + 1));
+    for (j, &c) in siblings.iter().enumerate() {
+        if j >= CHILDREN_SHOWN && (j - CHILDREN_SHOWN) % CHILDREN_SHOWN == 0 {
+            let to = (j + CHILDREN_SHOWN).min(n);
+            items.push(Step::ChunkOpen {
+                from: j + 1,
+                to,
+                of: n,
+                open: siblings[j..to].iter().any(|&k| on_path[k]),
+            });
+        }
+        items.push(Step::Enter(c, depth));
+        if j >= CHILDREN_SHOWN && ((j + 1 - CHILDREN_SHOWN) % CHILDREN_SHOWN == 0 || j + 1 == n) {
+            items.push(Step::ChunkClose);
+        }
+    }
+    items
+}
+
 /// Renders the tree. `blamed[i]` lists the detectors that blame span `i` (highlighted, with
 /// its ancestors opened).
 pub fn render(out: &mut String, spans: &[Span], blamed: &[Vec<String>]) {
@@ -81,18 +122,16 @@ pub fn render(out: &mut String, spans: &[Span], blamed: &[Vec<String>]) {
         .collect();
     let on_path = tree.on_path(&marked);
     let mut visited = vec![false; spans.len()];
-    enum Step {
-        Enter(usize, usize),
-        Leave(bool),
-    }
     out.push_str("<ul class=\"tree\">\n");
     // Roots first, then whatever a parent cycle kept out of reach of every root.
-    let starts = tree.roots.iter().copied().chain(0..spans.len());
-    for start in starts {
-        if visited[start] {
-            continue;
+    let mut stack: Vec<Step> = siblings_steps(&tree.roots, 0, &on_path);
+    stack.reverse();
+    for start in std::iter::once(None).chain((0..spans.len()).map(Some)) {
+        match start {
+            Some(i) if !visited[i] => stack.push(Step::Enter(i, 0)),
+            Some(_) => continue,
+            None => {}
         }
-        let mut stack = vec![Step::Enter(start, 0)];
         while let Some(step) = stack.pop() {
             match step {
                 Step::Leave(has_children) => {
@@ -101,6 +140,14 @@ pub fn render(out: &mut String, spans: &[Span], blamed: &[Vec<String>]) {
                     }
                     out.push_str("</details></li>\n");
                 }
+                Step::ChunkOpen { from, to, of, open } => {
+                    let _ = writeln!(
+                        out,
+                        "<li class=\"more\"><details{}><summary>spans {from}–{to} of {of}</summary><ul>",
+                        if open { " open" } else { "" }
+                    );
+                }
+                Step::ChunkClose => out.push_str("</ul></details></li>\n"),
                 Step::Enter(i, depth) => {
                     if visited[i] {
                         continue;
@@ -112,23 +159,41 @@ pub fn render(out: &mut String, spans: &[Span], blamed: &[Vec<String>]) {
                         .filter(|&c| !visited[c])
                         .collect();
                     let by = blamed.get(i).map(Vec::as_slice).unwrap_or(&[]);
-                    node_open(out, &spans[i], depth, depth < OPEN_DEPTH || on_path[i], by);
+                    node_open(
+                        out,
+                        &spans[i],
+                        i,
+                        depth,
+                        depth < OPEN_DEPTH || on_path[i],
+                        by,
+                    );
                     if !kids.is_empty() {
                         out.push_str("<ul>\n");
                     }
                     stack.push(Step::Leave(!kids.is_empty()));
-                    for &c in kids.iter().rev() {
-                        stack.push(Step::Enter(c, depth + 1));
-                    }
+                    stack.extend(siblings_steps(&kids, depth + 1, &on_path).into_iter().rev());
                 }
             }
         }
     }
     out.push_str("</ul>\n");
+    // The data island: every span's field rows, by index (the script builds a span's table
+    // when its fold opens; a 10,000-span page would otherwise carry ~20 MB of tables).
+    let rows: Vec<Vec<(String, String)>> = spans.iter().map(field_rows).collect();
+    out.push_str("<script type=\"application/json\" id=\"span-fields\">");
+    out.push_str(&script_json(&rows));
+    out.push_str("</script>\n");
 }
 
 /// A node's opening: `<li>`, `<details>`, the summary line and the fields on demand.
-fn node_open(out: &mut String, s: &Span, depth: usize, open: bool, blamed_by: &[String]) {
+fn node_open(
+    out: &mut String,
+    s: &Span,
+    index: usize,
+    depth: usize,
+    open: bool,
+    blamed_by: &[String],
+) {
     let mut class = String::from("span");
     if s.is_error() {
         class.push_str(" err");
@@ -177,20 +242,17 @@ fn node_open(out: &mut String, s: &Span, depth: usize, open: bool, blamed_by: &[
         out.push_str("</span>");
     }
     out.push_str("</summary>");
-    fields(out, s);
+    // The fields themselves are in the page's data island, built into a table when opened.
+    let _ = write!(
+        out,
+        "<details class=\"fields\" data-fields=\"{index}\"><summary>attributes, input, output</summary></details>"
+    );
 }
 
-/// Everything else about a span, closed until asked for.
-fn fields(out: &mut String, s: &Span) {
-    out.push_str("<details class=\"fields\"><summary>attributes, input, output</summary>");
-    out.push_str("<table class=\"kv\">");
-    let mut row = |key: &str, value: &str| {
-        out.push_str("<tr><th>");
-        escape_into(out, key);
-        out.push_str("</th><td>");
-        value_into(out, value);
-        out.push_str("</td></tr>");
-    };
+/// Everything else about a span, as (name, value) rows: shown when its fold is opened.
+fn field_rows(s: &Span) -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    let mut row = |key: &str, value: &str| rows.push((key.to_owned(), value.to_owned()));
     row("span_id", &s.span_id);
     if let Some(p) = &s.parent_span_id {
         row("parent_span_id", p);
@@ -238,5 +300,21 @@ fn fields(out: &mut String, s: &Span) {
         };
         row(key, &text);
     }
-    out.push_str("</table></details>");
+    rows
+}
+
+/// `value` as JSON that is inert inside a `<script>` element: `<`, `>` and `&` are written as
+/// JSON escapes, so no `</script>` or `<!--` can occur in it.
+fn script_json(value: &[Vec<(String, String)>]) -> String {
+    let json = serde_json::to_string(value).expect("field rows serialise");
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            c => out.push(c),
+        }
+    }
+    out
 }
