@@ -25,6 +25,9 @@ pub struct TrainerState {
     /// Recent injections: (type, detected), newest last, for the Injector's prompt.
     pub history: Vec<(String, bool)>,
     pub failed: Vec<FailedInvestigation>,
+    /// The whole-choice Detector's higher-order examples: live traces it named wrongly.
+    #[serde(default)]
+    pub head_failures: Vec<crate::head::Failure>,
     /// Whether the warm start ran.
     pub warm_started: bool,
 }

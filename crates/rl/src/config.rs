@@ -341,6 +341,10 @@ pub struct HigherOrderConfig {
     pub per_step: usize,
     /// Failed investigations kept for them.
     pub buffer: usize,
+    /// The whole-choice Detector's review of its failures ([`crate::head::review`]): plain
+    /// gradient steps and their size.
+    pub epochs: usize,
+    pub lr: f64,
 }
 
 impl Default for HigherOrderConfig {
@@ -349,6 +353,8 @@ impl Default for HigherOrderConfig {
             enabled: true,
             per_step: 1,
             buffer: 32,
+            epochs: 10,
+            lr: 0.02,
         }
     }
 }
@@ -492,12 +498,6 @@ impl RunConfig {
             );
         }
         if self.detector.decision == Decision::Head {
-            if self.higher_order.enabled {
-                return bad(
-                    "higher_order.enabled",
-                    "higher-order reviews are token conversations; with `detector.decision = \"head\"` set it to false",
-                );
-            }
             if self.eval.corpus.is_empty() {
                 return bad(
                     "detector.decision",
@@ -586,10 +586,6 @@ mod tests {
                 "injector.validated_only",
             ),
             ("[sft]\ndecision_weight = 0.0\n", "sft.decision_weight"),
-            (
-                "[detector]\ndecision = \"head\"\n[eval]\ncorpus = \"c\"\n",
-                "higher_order.enabled",
-            ),
             (
                 "[detector]\ndecision = \"head\"\n[higher_order]\nenabled = false\n",
                 "detector.decision",

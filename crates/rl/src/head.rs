@@ -230,6 +230,126 @@ pub fn update(
     stats
 }
 
+/// A higher-order example of the whole-choice Detector (§5.5): a live trace whose greedy
+/// answer named the wrong type, kept with its features and the type it should have named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub features: Vec<f32>,
+    /// The true type's class index in the head.
+    pub class: usize,
+    /// The class it answered.
+    pub answered: usize,
+}
+
+/// How a review update runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Review {
+    pub lr: f64,
+    pub epochs: usize,
+    pub l2: f64,
+}
+
+/// What a review update did: the failures' and the anchor's top-1 accuracy and mean NLL
+/// before and after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReviewStats {
+    pub failures: usize,
+    pub failures_top1_before: f64,
+    pub failures_top1_after: f64,
+    pub failures_nll_after: f64,
+    pub anchor_top1_before: f64,
+    pub anchor_top1_after: f64,
+}
+
+/// The review of the Detector's own failures, for the whole-choice decision: where a token
+/// investigation is asked where its reasoning went wrong, a decision has one place to go
+/// wrong — the choice — so each failure becomes the example "this trace, which you named
+/// `answered`, is `class`". Plain gradient steps on
+///
+/// ```text
+/// L = mean_{i∈F} −log π(yᵢ|xᵢ) + mean_{j∈A} −log π(yⱼ|xⱼ) + l2/2 · ‖W‖²
+/// ∂L/∂z_k = (π_k − onehot(y)_k) / |F|   for a failure (and / |A| for an anchor example)
+/// ```
+///
+/// with F the failures and A the anchor (the train split, with its labels): the two means
+/// weigh the failures as much as everything the warm start fitted, and the anchor keeps
+/// that fit while the head takes in what it missed.
+pub fn review(
+    head: &mut Softmax,
+    failures: &[Failure],
+    anchor: &[(&[f32], usize)],
+    cfg: &Review,
+) -> ReviewStats {
+    let zf: Vec<(Vec<f32>, usize)> = failures
+        .iter()
+        .map(|f| (head.standardised(&f.features), f.class))
+        .collect();
+    let za: Vec<(Vec<f32>, usize)> = anchor
+        .iter()
+        .map(|(x, y)| (head.standardised(x), *y))
+        .collect();
+    let top1 = |head: &Softmax, set: &[(Vec<f32>, usize)]| -> (f64, f64) {
+        let lps: Vec<Vec<f32>> = set
+            .iter()
+            .map(|(z, _)| {
+                let mut lp = head.logits_z(z);
+                linear::log_softmax(&mut lp);
+                lp
+            })
+            .collect();
+        let y: Vec<usize> = set.iter().map(|(_, y)| *y).collect();
+        let (nll, t1, _) = linear::score(&lps, &y);
+        (t1, nll)
+    };
+    let mut stats = ReviewStats {
+        failures: failures.len(),
+        failures_top1_before: top1(head, &zf).0,
+        anchor_top1_before: top1(head, &za).0,
+        ..ReviewStats::default()
+    };
+    if failures.is_empty() {
+        stats.failures_top1_after = stats.failures_top1_before;
+        stats.anchor_top1_after = stats.anchor_top1_before;
+        return stats;
+    }
+    let (k, d) = (head.classes, head.dim);
+    for _ in 0..cfg.epochs {
+        let mut gw = vec![0f32; k * d];
+        let mut gb = vec![0f32; k];
+        for (set, weight) in [
+            (&zf, 1.0 / zf.len() as f32),
+            (&za, 1.0 / za.len().max(1) as f32),
+        ] {
+            for (z, y) in set.iter() {
+                let mut lp = head.logits_z(z);
+                linear::log_softmax(&mut lp);
+                for c in 0..k {
+                    let g = (lp[c].exp() - f32::from(c == *y)) * weight;
+                    gb[c] += g;
+                    gw[c * d..(c + 1) * d]
+                        .iter_mut()
+                        .zip(z)
+                        .for_each(|(w, x)| *w += g * x);
+                }
+            }
+        }
+        let (lr, l2) = (cfg.lr as f32, cfg.l2 as f32);
+        head.weight
+            .iter_mut()
+            .zip(&gw)
+            .for_each(|(w, g)| *w -= lr * (g + l2 * *w));
+        head.bias
+            .iter_mut()
+            .zip(&gb)
+            .for_each(|(b, g)| *b -= lr * g);
+    }
+    let (t1, nll) = top1(head, &zf);
+    stats.failures_top1_after = t1;
+    stats.failures_nll_after = nll;
+    stats.anchor_top1_after = top1(head, &za).0;
+    stats
+}
+
 /// Each reward less its group's mean, scaled by the spread of those differences over the
 /// batch; a group whose rewards are all equal gets zero.
 pub fn group_advantages(rewards: &[(f64, u64)]) -> Vec<f32> {
@@ -391,6 +511,79 @@ mod tests {
             assert!(
                 (analytic - numeric).abs() < 1e-3,
                 "{c}: {analytic} vs {numeric}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_review_names_its_failures_and_keeps_the_anchor() {
+        // Two well-separated classes the head knows (anchor), and a third region of feature
+        // space it names as class 0 although its traces are class 2.
+        let mut h = head(3, 2);
+        h.weight = vec![2.0, 0.0, -2.0, 0.0, 0.0, 0.0];
+        let anchor_x = [vec![1.0f32, 0.0], vec![-1.0, 0.0]];
+        let anchor: Vec<(&[f32], usize)> = vec![(&anchor_x[0], 0), (&anchor_x[1], 1)];
+        let failures = vec![Failure {
+            features: vec![1.0, 3.0],
+            class: 2,
+            answered: 0,
+        }];
+        assert_eq!(h.predict(&failures[0].features), 0);
+        let cfg = Review {
+            lr: 0.5,
+            epochs: 30,
+            l2: 0.0,
+        };
+        let stats = review(&mut h, &failures, &anchor, &cfg);
+        assert_eq!(stats.failures, 1);
+        assert_eq!(stats.failures_top1_before, 0.0);
+        assert_eq!(stats.failures_top1_after, 1.0, "{stats:?}");
+        assert_eq!(stats.anchor_top1_before, 1.0);
+        assert_eq!(stats.anchor_top1_after, 1.0, "{stats:?}");
+        assert_eq!(h.predict(&failures[0].features), 2);
+        // Nothing to review: the head is left as it is.
+        let before = h.clone();
+        let stats = review(&mut h, &[], &anchor, &cfg);
+        assert_eq!(stats.failures, 0);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn the_review_gradient_matches_finite_differences() {
+        let mut h = head(3, 2);
+        h.weight = vec![0.3, -0.1, 0.2, 0.4, -0.5, 0.1];
+        h.bias = vec![0.1, -0.2, 0.05];
+        let ax = vec![0.5f32, -1.0];
+        let failures = vec![Failure {
+            features: vec![1.0, 2.0],
+            class: 2,
+            answered: 0,
+        }];
+        let loss = |m: &Softmax| -> f64 {
+            -(m.log_probs(&failures[0].features)[2] as f64) - m.log_probs(&ax)[1] as f64
+        };
+        // One step of size lr moves each parameter by −lr·∂L/∂θ (l2 = 0).
+        let lr = 1e-3;
+        let mut stepped = h.clone();
+        review(
+            &mut stepped,
+            &failures,
+            &[(&ax, 1)],
+            &Review {
+                lr,
+                epochs: 1,
+                l2: 0.0,
+            },
+        );
+        for i in 0..h.weight.len() {
+            let (mut up, mut down) = (h.clone(), h.clone());
+            up.weight[i] += 1e-3;
+            down.weight[i] -= 1e-3;
+            let numeric = (loss(&up) - loss(&down)) / 2e-3;
+            let analytic = (h.weight[i] - stepped.weight[i]) as f64 / lr;
+            assert!(
+                (analytic - numeric).abs() < 2e-2,
+                "w{i}: {analytic} vs {numeric}"
             );
         }
     }

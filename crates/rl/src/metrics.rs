@@ -59,6 +59,12 @@ pub struct StepMetrics {
     /// whether the batch carried no advantage (and so took no step).
     pub head_kl: Option<f64>,
     pub skipped_update: Option<bool>,
+    /// The head's higher-order review: the failures it holds, the share of them it named
+    /// before and after the review, and the train split's top-1 after it.
+    pub review_failures: Option<usize>,
+    pub review_top1_before: Option<f64>,
+    pub review_top1_after: Option<f64>,
+    pub review_train_top1_after: Option<f64>,
 }
 
 /// One held-out evaluation.

@@ -92,8 +92,16 @@ struct Scored {
     calls: usize,
     investigated: usize,
     new_failures: Vec<FailedInvestigation>,
+    /// Live traces the decision head named wrongly (its higher-order examples).
+    new_head_failures: Vec<head::Failure>,
     chosen_types: Vec<String>,
     log: String,
+}
+
+/// What the decision head's update did: its PPO step and, when enabled, its review.
+struct HeadUpdate {
+    ppo: head::HeadStats,
+    review: Option<head::ReviewStats>,
 }
 
 /// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
@@ -726,7 +734,9 @@ impl Trainer {
             .map(|s| s.conversation.len())
             .sum();
         // 5. PPO, role-alternating: the Injector's batch, then the Detector's.
-        let (stats, head_stats) = self.update(env, step, &mut scored)?;
+        let (stats, head_update) = self.update(env, step, &mut scored)?;
+        let head_ppo = head_update.as_ref().map(|u| &u.ppo);
+        let review = head_update.as_ref().and_then(|u| u.review);
         let Scored {
             samples_inj,
             r_inj_sum,
@@ -772,20 +782,19 @@ impl Trainer {
             higher_order: Some(n_reviews),
             reward_review: review_reward,
             seconds: Some(secs),
-            head_kl: head_stats.as_ref().map(|s| s.kl),
-            skipped_update: head_stats.as_ref().map(|s| s.skipped),
-            policy_loss: head_stats
-                .as_ref()
+            head_kl: head_ppo.map(|s| s.kl),
+            skipped_update: head_ppo.map(|s| s.skipped),
+            policy_loss: head_ppo
                 .map(|s| s.policy_loss)
                 .or(weighted(|s| s.policy_loss)),
-            entropy: head_stats
-                .as_ref()
-                .map(|s| s.entropy)
-                .or(weighted(|s| s.entropy)),
-            clip_fraction: head_stats
-                .as_ref()
+            entropy: head_ppo.map(|s| s.entropy).or(weighted(|s| s.entropy)),
+            clip_fraction: head_ppo
                 .map(|s| s.clip_fraction)
                 .or(weighted(|s| s.clip_fraction)),
+            review_failures: review.map(|r| r.failures),
+            review_top1_before: review.map(|r| r.failures_top1_before),
+            review_top1_after: review.map(|r| r.failures_top1_after),
+            review_train_top1_after: review.map(|r| r.anchor_top1_after),
             ..StepMetrics::default()
         })
     }
@@ -964,6 +973,7 @@ impl Trainer {
         let (mut r_inj_sum, mut r_det_sum, mut detected, mut localised, mut calls) =
             (0.0, 0.0, 0usize, 0usize, 0usize);
         let mut new_failures: Vec<FailedInvestigation> = Vec::new();
+        let mut new_head_failures: Vec<head::Failure> = Vec::new();
         let mut investigated = 0usize;
         let mut chosen_types = Vec::new();
         let mut log = String::new();
@@ -1015,6 +1025,22 @@ impl Trainer {
                 );
                 if j == 0 {
                     self.state.history.push((truth.deficiency.clone(), correct));
+                    if let (Some((h, _)), Some((features, _, _))) =
+                        (&self.heads, e.head_choices.first())
+                    {
+                        // A whole-choice failure (higher-order example): the head's greedy
+                        // answer is wrong (the choices above are sampled), and the head has a
+                        // class for the truth.
+                        let answered = h.type_model.predict(features);
+                        let class = h.types.iter().position(|t| *t == truth.deficiency);
+                        if let Some(class) = class.filter(|c| *c != answered) {
+                            new_head_failures.push(head::Failure {
+                                features: features.clone(),
+                                class,
+                                answered,
+                            });
+                        }
+                    }
                     // One higher-order example per trace: its other investigations' failures
                     // would be near copies.
                     if let Some(f) =
@@ -1064,6 +1090,7 @@ impl Trainer {
             calls,
             investigated,
             new_failures,
+            new_head_failures,
             chosen_types,
             log,
         })
@@ -1094,7 +1121,8 @@ impl Trainer {
     ) -> Result<Vec<Sample>> {
         let seed = self.config.run.seed;
         let mut reviews = Vec::new();
-        if self.config.higher_order.enabled {
+        // The whole-choice Detector reviews its failures in its head's update instead.
+        if self.config.higher_order.enabled && self.heads.is_none() {
             let take = self
                 .config
                 .higher_order
@@ -1137,7 +1165,7 @@ impl Trainer {
         env: &mut Environment,
         step: u64,
         scored: &mut Scored,
-    ) -> Result<(Vec<ppo::PpoStats>, Option<head::HeadStats>)> {
+    ) -> Result<(Vec<ppo::PpoStats>, Option<HeadUpdate>)> {
         let (samples_inj, samples_det) = (&scored.samples_inj, &scored.samples_det);
         let ppo_cfg = self.config.ppo.clone();
         let mut stats = Vec::new();
@@ -1163,7 +1191,12 @@ impl Trainer {
                 entropy_coef,
             )?);
         }
-        let head_stats = self.update_head(env, step, std::mem::take(&mut scored.samples_head))?;
+        let head_stats = self.update_head(
+            env,
+            step,
+            std::mem::take(&mut scored.samples_head),
+            std::mem::take(&mut scored.new_head_failures),
+        )?;
         Ok((stats, head_stats))
     }
 }
@@ -1280,15 +1313,18 @@ impl Trainer {
         Ok((detections, choices))
     }
 
-    /// The Detector's PPO step on its decision head: the live samples, plus `head.replay`
-    /// train-split traces decided afresh (`samples_per_trace` choices each), anchored at the
-    /// warm-started head. `None` when the Detector decides token by token.
+    /// The Detector's update of its decision head: the PPO step on the live samples, plus
+    /// `head.replay` train-split traces decided afresh (`samples_per_trace` choices each),
+    /// anchored at the warm-started head; then (with `higher_order.enabled`) the review of the
+    /// live traces it has named wrongly so far ([`head::review`]). `None` when the Detector
+    /// decides token by token.
     fn update_head(
         &mut self,
         env: &Environment,
         step: u64,
         mut batch: Vec<HeadSample>,
-    ) -> Result<Option<head::HeadStats>> {
+        failures: Vec<head::Failure>,
+    ) -> Result<Option<HeadUpdate>> {
         let Some((h, reference)) = &mut self.heads else {
             return Ok(None);
         };
@@ -1337,7 +1373,38 @@ impl Trainer {
         };
         let stats = head::update(&mut h.type_model, &reference.type_model, &batch, &cfg);
         tracing::debug!(?stats, "decision head update");
-        Ok(Some(stats))
+        let ho = &self.config.higher_order;
+        let review = if ho.enabled {
+            let failed = &mut self.state.head_failures;
+            failed.extend(failures);
+            let excess = failed.len().saturating_sub(ho.buffer);
+            failed.drain(..excess);
+            let anchor: Vec<(&[f32], usize)> = self
+                .replay
+                .iter()
+                .filter_map(|(t, x)| {
+                    let class = h.types.iter().position(|c| *c == t.truth.deficiency_id)?;
+                    Some((x.as_slice(), class))
+                })
+                .collect();
+            let cfg = head::Review {
+                lr: ho.lr,
+                epochs: ho.epochs,
+                l2: self.config.head.l2,
+            };
+            let r = head::review(&mut h.type_model, failed, &anchor, &cfg);
+            tracing::info!(
+                failures = r.failures,
+                named_before = r.failures_top1_before,
+                named_after = r.failures_top1_after,
+                train_top1_after = r.anchor_top1_after,
+                "higher-order review of the head's failures"
+            );
+            Some(r)
+        } else {
+            None
+        };
+        Ok(Some(HeadUpdate { ppo: stats, review }))
     }
 }
 

@@ -309,7 +309,9 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
             "max_turns = 2",
             "max_turns = 2\ndecision = \"head\"\nsamples_per_trace = 4",
         )
-        .replace("[higher_order]\nper_step = 1", "[higher_order]\nenabled = false")
+        // The head reviews its failures (head::review) in every step, so the resumed run
+        // must carry them in its state to repeat the uninterrupted one.
+        .replace("[higher_order]\nper_step = 1", "[higher_order]\nepochs = 5\nbuffer = 16")
         .replace(
             "[eval]\ncorpus = \"\"",
             &format!(
@@ -351,9 +353,19 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
     let moved = head(&whole, 2, policy::decision::HEAD_FILE)
         != head(&whole, 0, policy::decision::HEAD_FILE);
     let skipped = ppo.iter().all(|l| l["skipped_update"] == true);
+    // Each step also reviews the live traces the head named wrongly (logged, with the share
+    // it names after the review).
     assert!(
-        moved != skipped,
-        "moved {moved}, every update skipped {skipped}"
+        ppo.iter().all(|l| l["review_failures"].is_number()),
+        "{ppo:?}"
+    );
+    let reviewed = ppo
+        .iter()
+        .any(|l| l["review_failures"].as_u64().unwrap() > 0);
+    assert_eq!(
+        moved,
+        !skipped || reviewed,
+        "moved {moved}, every update skipped {skipped}, failures reviewed {reviewed}"
     );
 
     // Interrupted after step 1 and resumed: the same head and metrics as the whole run.
