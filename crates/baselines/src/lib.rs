@@ -21,7 +21,7 @@ pub use render::{render_span, render_spans};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use detect::{Ablations, Config};
+use detect::{Ablations, Config, Transcript};
 use eval::metrics::Case;
 use eval::store_eval::{self, Labelled};
 use policy::baseline::{self, BaselineOptions, OnePromptDetector};
@@ -80,13 +80,14 @@ pub fn retrieved(embedder: &retrieve::Embedder, query: &[f32], lines: &[String])
 }
 
 /// Investigates `traces` of the store `db` with the zero-shot baseline over `pm` (the bare
-/// base model: no adapter is activated). `on_done` sees each case as it is scored.
+/// base model: no adapter is activated). `on_done` sees each case as it is scored, with its
+/// one-turn transcript (the HTML pages show it).
 pub fn zero_shot(
     db: &Path,
     traces: &[Labelled],
     pm: PolicyModel,
     options: &BaselineOptions,
-    on_done: impl FnMut(&Case),
+    on_done: impl FnMut(&Case, &Transcript),
 ) -> Result<Vec<Case>> {
     one_prompt(
         db,
@@ -106,7 +107,7 @@ pub fn rag(
     pm: PolicyModel,
     embedder: &retrieve::Embedder,
     options: &BaselineOptions,
-    on_done: impl FnMut(&Case),
+    on_done: impl FnMut(&Case, &Transcript),
 ) -> Result<Vec<Case>> {
     let query = embedder.embed(&[RAG_QUERY])?.pop().ok_or_else(|| {
         retrieve::RetrieveError::Tokenizer("the embedder returned no vector for the query".into())
@@ -131,7 +132,7 @@ fn one_prompt(
     options: &BaselineOptions,
     name: &str,
     mut context: impl FnMut(&[String]) -> Result<String>,
-    on_done: impl FnMut(&Case),
+    on_done: impl FnMut(&Case, &Transcript),
 ) -> Result<Vec<Case>> {
     let catalog =
         taxonomy::Catalog::embedded().map_err(|e| BaselineError::Catalog(e.to_string()))?;
@@ -156,7 +157,7 @@ fn one_prompt(
         path: db.to_path_buf(),
         cause: Box::new(e),
     })?;
-    let cases = store_eval::run_policies(
+    let cases = store_eval::run_policies_transcribed(
         db,
         traces,
         config(),

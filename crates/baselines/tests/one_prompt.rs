@@ -57,10 +57,24 @@ fn zero_shot_gives_every_trace_a_valid_verdict_even_when_the_trace_is_cut() {
     let pm = tiny_model(dir.path());
     let mut done = 0;
     // 4,200 tokens leave a few hundred bytes of trace: every trace is cut.
-    let cases = zero_shot(&db, &traces, pm, &options(4200), |_| done += 1).unwrap();
+    // Each case comes with its one-turn transcript (what the HTML pages show).
+    let cases = zero_shot(&db, &traces, pm, &options(4200), |case, t| {
+        done += 1;
+        assert_eq!(t.policy, "zero-shot");
+        assert_eq!(t.investigated_trace, case.trace_id);
+        assert_eq!(t.turns.len(), 1, "one prompt, one answer");
+    })
+    .unwrap();
     assert_eq!(done, 3);
     check_verdicts(&cases, &traces);
-    let again = zero_shot(&db, &traces, tiny_model(dir.path()), &options(4200), |_| {}).unwrap();
+    let again = zero_shot(
+        &db,
+        &traces,
+        tiny_model(dir.path()),
+        &options(4200),
+        |_, _| {},
+    )
+    .unwrap();
     assert_eq!(
         cases.iter().map(|c| &c.predicted).collect::<Vec<_>>(),
         again.iter().map(|c| &c.predicted).collect::<Vec<_>>(),
@@ -81,7 +95,7 @@ fn rag_gives_every_trace_a_valid_verdict() {
         tiny_model(dir.path()),
         &embedder,
         &options(6000),
-        |_| {},
+        |_, _| {},
     )
     .unwrap();
     check_verdicts(&cases, &traces);
@@ -91,9 +105,15 @@ fn rag_gives_every_trace_a_valid_verdict() {
 fn a_budget_smaller_than_the_fixed_prompt_is_an_error_that_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let (db, traces) = store(dir.path(), 1);
-    let err = zero_shot(&db, &traces, tiny_model(dir.path()), &options(500), |_| {})
-        .unwrap_err()
-        .to_string();
+    let err = zero_shot(
+        &db,
+        &traces,
+        tiny_model(dir.path()),
+        &options(500),
+        |_, _| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("without the trace takes"), "{err}");
 }
 
@@ -102,7 +122,7 @@ fn the_shared_system_prefix_does_not_change_a_reply() {
     let dir = tempfile::tempdir().unwrap();
     let (db, traces) = store(dir.path(), 2);
     let opts = options(4200);
-    let cached = zero_shot(&db, &traces, tiny_model(dir.path()), &opts, |_| {}).unwrap();
+    let cached = zero_shot(&db, &traces, tiny_model(dir.path()), &opts, |_, _| {}).unwrap();
 
     // The same detector without the shared prefix: every prompt pre-filled from scratch.
     let pm = tiny_model(dir.path());

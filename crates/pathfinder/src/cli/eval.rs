@@ -388,9 +388,9 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     eval_models::load_baseline(path).and_then(|pm| {
                         match &embedder {
                             Some(e) if *kind == Named::Rag => {
-                                baselines::rag(db, &traces, pm, e, &options, on_done)
+                                baselines::rag(db, &traces, pm, e, &options, transcribed)
                             }
-                            _ => baselines::zero_shot(db, &traces, pm, &options, on_done),
+                            _ => baselines::zero_shot(db, &traces, pm, &options, transcribed),
                         }
                         .with_context(|| format!("detector {detector}"))
                     })
