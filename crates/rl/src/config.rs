@@ -181,6 +181,9 @@ pub struct InjectorSection {
     /// corpus (`rl::environment::CorpusPrior`). The held-out split's combinations are never
     /// offered, whatever this says.
     pub validated_only: bool,
+    /// Plant only (agent, type, variant, task) combinations the `[eval]` corpus does not hold
+    /// in any split, so that every live trace is new to the warm-started Detector.
+    pub new_tasks: bool,
 }
 
 impl Default for InjectorSection {
@@ -189,6 +192,7 @@ impl Default for InjectorSection {
             mode: InjectorMode::Choice,
             max_diff_tokens: 512,
             validated_only: false,
+            new_tasks: false,
         }
     }
 }
@@ -490,6 +494,12 @@ impl RunConfig {
         }
         if self.reward.max_calls == 0 {
             return bad("reward.max_calls", "must be at least 1");
+        }
+        if self.injector.new_tasks && self.eval.corpus.is_empty() {
+            return bad(
+                "injector.new_tasks",
+                "needs a corpus to read the combinations it holds from (`[eval] corpus`)",
+            );
         }
         if self.injector.validated_only && self.eval.corpus.is_empty() {
             return bad(

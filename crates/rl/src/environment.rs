@@ -41,6 +41,10 @@ pub struct Environment {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CorpusPrior {
     held_out: BTreeSet<(String, String, String, String)>,
+    /// Every combination the corpus holds, in any split.
+    in_corpus: BTreeSet<(String, String, String, String)>,
+    /// Plant only combinations the corpus does not hold ([`CorpusPrior::new_tasks_only`]).
+    new_only: bool,
     /// `None`: no filter.
     validated: Option<BTreeSet<(String, String, String)>>,
 }
@@ -62,6 +66,8 @@ impl CorpusPrior {
         let text = std::fs::read_to_string(&path).map_err(|e| RlError::io(&path, e))?;
         let mut prior = CorpusPrior {
             held_out: BTreeSet::new(),
+            in_corpus: BTreeSet::new(),
+            new_only: false,
             validated: validated_only.then(BTreeSet::new),
         };
         for (i, line) in text.lines().enumerate() {
@@ -74,6 +80,12 @@ impl CorpusPrior {
             if let Some(v) = &mut prior.validated {
                 v.insert((r.agent.clone(), r.deficiency.clone(), r.variant.clone()));
             }
+            prior.in_corpus.insert((
+                r.agent.clone(),
+                r.deficiency.clone(),
+                r.variant.clone(),
+                r.task.clone(),
+            ));
             if held_out_split.split('+').any(|s| s == r.split) {
                 prior
                     .held_out
@@ -81,6 +93,14 @@ impl CorpusPrior {
             }
         }
         Ok(prior)
+    }
+
+    /// Plants only (agent, type, variant, task) combinations the corpus does not hold, in any
+    /// split: live episodes are then new data for the Detector, not replays of traces the warm
+    /// start already fitted (a template's other tasks, or its agent's other tasks).
+    pub fn new_tasks_only(mut self) -> CorpusPrior {
+        self.new_only = true;
+        self
     }
 
     /// Held-out combinations and, under the filter, validated ones.
@@ -97,13 +117,16 @@ impl CorpusPrior {
         })
     }
 
+    /// Whether the combination may not be planted: it is held out, or (under
+    /// [`CorpusPrior::new_tasks_only`]) the corpus holds it.
     fn held_out(&self, agent: &str, t: &Template, task: &str) -> bool {
-        self.held_out.contains(&(
+        let key = (
             agent.to_owned(),
             t.deficiency.clone(),
             t.variant.clone(),
             task.to_owned(),
-        ))
+        );
+        self.held_out.contains(&key) || (self.new_only && self.in_corpus.contains(&key))
     }
 }
 
@@ -444,6 +467,17 @@ mod tests {
             assert_eq!(planned.task, kept, "pick {pick} planned a held-out task");
         }
         assert!(env.plan("p", agent, &option(gone), 0).is_err());
+        // New tasks only: `partly`'s one task outside the held-out split is in the corpus (as
+        // train), so it is gone too; every other template is still offered.
+        env.set_prior(
+            CorpusPrior::read(&corpus, "test", false)
+                .unwrap()
+                .new_tasks_only(),
+        )
+        .unwrap();
+        let offered = env.options(agent, false).unwrap();
+        assert_eq!(offered.len(), all.len() - 2);
+        assert!(!offered.contains(&option(partly)));
 
         // Validated only: of the two combinations in the corpus, one is wholly held out.
         env.set_prior(CorpusPrior::read(&corpus, "test", true).unwrap())

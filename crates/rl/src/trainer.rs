@@ -661,6 +661,11 @@ impl Trainer {
                 &self.config.eval.split,
                 self.config.injector.validated_only,
             )?;
+            let prior = if self.config.injector.new_tasks {
+                prior.new_tasks_only()
+            } else {
+                prior
+            };
             let (held_out, validated) = prior.counts();
             tracing::info!(held_out, ?validated, "injector options: corpus prior");
             env.set_prior(prior)?;
