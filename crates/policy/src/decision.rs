@@ -266,9 +266,26 @@ impl DecisionHead {
         };
         Decision {
             type_index,
-            component_index: self.component_model.predict(features),
+            component_index: self.component_for(type_index, features),
             type_log_probs: lp,
         }
+    }
+
+    /// The component of an answer naming class `type_index`: the component head's argmax,
+    /// except that a deficiency is never placed at `none` (a verdict the Detector's grammar
+    /// refuses, so the episode would end without an answer): then the best other component.
+    fn component_for(&self, type_index: usize, features: &[f32]) -> usize {
+        let logits = self.component_model.logits(features);
+        let best = linear::argmax(&logits);
+        if self.types[type_index] == NONE || self.components[best] != NO_COMPONENT {
+            return best;
+        }
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.components[*i] != NO_COMPONENT)
+            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+            .map_or(best, |(i, _)| i)
     }
 
     /// The `answer:` line of a decision.
@@ -410,5 +427,41 @@ mod tests {
         }
         assert_eq!(counts, [100, 600, 300]);
         assert_eq!(linear::argmax(&lp), 1);
+    }
+
+    #[test]
+    fn a_deficiency_is_never_placed_at_no_component() {
+        let model = |classes: usize, bias: Vec<f32>| linear::Softmax {
+            classes,
+            dim: 1,
+            weight: vec![0.0; classes],
+            bias,
+            mean: vec![0.0],
+            inv_std: vec![1.0],
+        };
+        // Components: none (the most likely), tools.schema, llm_client.request.
+        let head = DecisionHead {
+            types: vec![NONE.into(), "P16".into()],
+            type_model: model(2, vec![0.0, 1.0]),
+            components: vec![
+                NO_COMPONENT.into(),
+                "tools.schema".into(),
+                "llm_client.request".into(),
+            ],
+            component_model: model(3, vec![2.0, 0.5, 1.0]),
+        };
+        let d = head.decide(&[0.0], 0.0, 0.0);
+        assert_eq!(head.types[d.type_index], "P16");
+        assert_eq!(head.components[d.component_index], "llm_client.request");
+        assert!(head
+            .answer(&d)
+            .starts_with("answer: P16 llm_client.request |"));
+        // `none` keeps no component.
+        let healthy = DecisionHead {
+            type_model: model(2, vec![1.0, 0.0]),
+            ..head
+        };
+        let d = healthy.decide(&[0.0], 0.0, 0.0);
+        assert!(healthy.answer(&d).starts_with("answer: none none |"));
     }
 }
