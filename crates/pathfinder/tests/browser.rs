@@ -84,26 +84,21 @@ fn pages_render_in_headless_chromium_without_network() {
             .unwrap();
     }
 
+    let detect_html = |trace: &str, page: &Path| {
+        check(
+            pathfinder()
+                .args(["detect", "--db"])
+                .arg(&db)
+                .args(["--trace", trace, "--policy", "expert", "--html"])
+                .arg(page)
+                .output()
+                .unwrap(),
+        )
+    };
     let one = dir.path().join("one.html");
-    check(
-        pathfinder()
-            .args(["detect", "--db"])
-            .arg(&db)
-            .args(["--trace", trace, "--policy", "expert", "--html"])
-            .arg(&one)
-            .output()
-            .unwrap(),
-    );
+    detect_html(trace, &one);
     let big = dir.path().join("large.html");
-    check(
-        pathfinder()
-            .args(["detect", "--db"])
-            .arg(&db)
-            .args(["--trace", large, "--policy", "expert", "--html"])
-            .arg(&big)
-            .output()
-            .unwrap(),
-    );
+    detect_html(large, &big);
     let report = dir.path().join("report");
     let split = dir.path().join("split.jsonl");
     let lines: String = labels
