@@ -960,6 +960,11 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     Ok(report)
 }
 
+/// Where the clean run of `agent`'s `task` leaves its trace, relative to OUT.
+pub fn clean_trace_path(agent: &str, task: &str) -> String {
+    format!("clean/{agent}/runs/{task}/trace.jsonl")
+}
+
 /// A clean run published as a healthy trace (`healthy.jsonl`, and in the split files).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HealthyRecord {
@@ -990,14 +995,7 @@ fn healthy_runs(
         .collect();
     pairs.sort_unstable();
     pairs.dedup();
-    pairs.retain(|(agent, task)| {
-        out.join("clean")
-            .join(agent)
-            .join("runs")
-            .join(task)
-            .join("trace.jsonl")
-            .is_file()
-    });
+    pairs.retain(|(agent, task)| out.join(clean_trace_path(agent, task)).is_file());
     pairs.sort_by_key(|(agent, task)| stable_hash(&[&seed, "healthy", agent, task]));
     pairs.truncate(valid.div_ceil(5));
     pairs
@@ -1019,7 +1017,7 @@ fn healthy_runs(
                 agent: agent.to_string(),
                 task: task.to_string(),
                 healthy: true,
-                trace: format!("clean/{agent}/runs/{task}/trace.jsonl"),
+                trace: clean_trace_path(agent, task),
             }
         })
         .collect()

@@ -29,6 +29,12 @@ pub enum Error {
         trace_id: String,
         cause: Box<detect::Error>,
     },
+    #[error("label file {path}: line {line}: {reason}")]
+    Labels {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
     #[error("detector: {0}")]
     Detector(String),
     #[error("deficiency catalog: {0}")]

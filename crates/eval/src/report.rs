@@ -19,6 +19,21 @@ pub struct StoreReport {
     pub bootstrap: Bootstrap,
     pub summary: Summary,
     pub cases: Vec<Case>,
+    /// Labels read from a file beside the store (`--labels`) rather than from the store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<LabelsNote>,
+}
+
+/// Where a store evaluation's labels came from when not from the store.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabelsNote {
+    pub file: String,
+    /// Trace ids the file labels that the store does not hold.
+    pub unknown: Vec<String>,
+    /// Labels that name a step, or an agent, where the failure shows: not scored, since no
+    /// store detector answers with one.
+    pub with_step: usize,
+    pub with_agent: usize,
 }
 
 /// A chat-log evaluation.
@@ -81,6 +96,31 @@ pub fn store_markdown(r: &StoreReport) -> String {
         s.no_verdict,
         interval_note(&r.bootstrap),
     );
+    if let Some(l) = &r.labels {
+        out.push_str(&format!("Labels: `{}`", l.file));
+        if l.unknown.is_empty() {
+            out.push_str("; every labelled trace is in the store");
+        } else {
+            let shown: Vec<&str> = l.unknown.iter().take(20).map(String::as_str).collect();
+            out.push_str(&format!(
+                "; {} labelled trace(s) not in the store, left out: {}{}",
+                l.unknown.len(),
+                shown.join(", "),
+                if l.unknown.len() > shown.len() {
+                    " … (all in the JSON report)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if l.with_step + l.with_agent > 0 {
+            out.push_str(&format!(
+                ". {} label(s) name a step and {} an agent; neither is scored, as no store detector answers with one yet",
+                l.with_step, l.with_agent
+            ));
+        }
+        out.push_str(".\n\n");
+    }
     out.push_str("## Overall (Table 5)\n\n| Metric | Value | 95% CI | n |\n|---|---|---|---|\n");
     for (name, (v, ci, n)) in [
         ("Detection accuracy (deficient traces)", pct(&s.detection)),

@@ -108,6 +108,164 @@ pub fn read_split(path: &Path) -> Result<Vec<String>> {
     Ok(ids)
 }
 
+/// Labels given beside a store rather than in it (`pathfinder eval --labels`), for traces
+/// imported from anywhere: the traces to evaluate, and what the file named that the store
+/// does not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalLabels {
+    /// The labelled traces the store holds, in the file's order.
+    pub traces: Vec<Labelled>,
+    /// Trace ids the file labels that are not in the store (listed in the report, not
+    /// silently dropped).
+    pub unknown: Vec<String>,
+    /// Labels naming the step, and the agent, where the failure shows (kept for the record: no
+    /// detector of a store answers with a step or an agent yet, so neither is scored).
+    pub with_step: usize,
+    pub with_agent: usize,
+}
+
+/// One line of a label file.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LabelLine {
+    trace_id: String,
+    deficiency_id: String,
+    #[serde(default)]
+    component: Option<String>,
+    #[serde(default)]
+    file: Option<String>,
+    #[serde(default)]
+    function: Option<String>,
+    #[serde(default)]
+    step: Option<u64>,
+    #[serde(default)]
+    agent: Option<String>,
+}
+
+/// Reads a label file: JSON Lines with `trace_id` and `deficiency_id` (a catalog id or
+/// `none` for a healthy trace) and optionally `component`, `file`, `function`, `step` and
+/// `agent`. A malformed line, an unknown type or a trace labelled twice is refused with its
+/// line; labels of traces the store lacks are returned in [`ExternalLabels::unknown`]. With
+/// `only` (a split), just those traces are kept.
+pub fn read_labels(
+    path: &Path,
+    db: &Path,
+    catalog: &taxonomy::Catalog,
+    only: Option<&[String]>,
+) -> Result<ExternalLabels> {
+    let text = std::fs::read_to_string(path).map_err(|cause| Error::Io {
+        path: path.to_path_buf(),
+        cause,
+    })?;
+    let bad = |line: usize, reason: String| Error::Labels {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    };
+    let store_err = |source| Error::Store {
+        path: db.to_path_buf(),
+        cause: Box::new(source),
+    };
+    let known: HashSet<String> = traces::Store::open_read_only(db)
+        .and_then(|s| s.trace_ids())
+        .map_err(store_err)?
+        .into_iter()
+        .collect();
+    let only: Option<HashSet<&str>> = only.map(|ids| ids.iter().map(String::as_str).collect());
+    let mut out = ExternalLabels {
+        traces: Vec::new(),
+        unknown: Vec::new(),
+        with_step: 0,
+        with_agent: 0,
+    };
+    let mut seen = HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: LabelLine = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+        if l.trace_id.is_empty() {
+            return Err(bad(i + 1, "`trace_id` is empty".into()));
+        }
+        let deficiency_id = if l.deficiency_id.eq_ignore_ascii_case(taxonomy::NONE) {
+            taxonomy::NONE.to_owned()
+        } else {
+            catalog
+                .get(&l.deficiency_id)
+                .map(|d| d.id.clone())
+                .ok_or_else(|| {
+                    bad(
+                        i + 1,
+                        format!(
+                            "`deficiency_id` {:?} is neither a catalog id (P1-P27, C1-C23) nor `none`",
+                            l.deficiency_id
+                        ),
+                    )
+                })?
+        };
+        if deficiency_id == taxonomy::NONE
+            && (l.component.is_some() || l.file.is_some() || l.function.is_some())
+        {
+            return Err(bad(
+                i + 1,
+                "a healthy trace (`none`) has no component, file or function".into(),
+            ));
+        }
+        if let Some(c) = l.component.as_deref() {
+            if catalog.component(c).is_none() {
+                return Err(bad(
+                    i + 1,
+                    format!("`component` {c:?} is not in the catalog's component vocabulary"),
+                ));
+            }
+        }
+        if !seen.insert(l.trace_id.clone()) {
+            return Err(bad(
+                i + 1,
+                format!("trace {} is labelled twice", l.trace_id),
+            ));
+        }
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.contains(l.trace_id.as_str()))
+        {
+            continue;
+        }
+        if !known.contains(&l.trace_id) {
+            out.unknown.push(l.trace_id);
+            continue;
+        }
+        out.with_step += usize::from(l.step.is_some());
+        out.with_agent += usize::from(l.agent.is_some());
+        out.traces.push(Labelled {
+            trace_id: l.trace_id,
+            truth: Truth {
+                deficiency_id,
+                component: l.component,
+                file: l.file,
+                function: l.function,
+            },
+            agent: None,
+        });
+    }
+    if out.traces.is_empty() {
+        return Err(Error::Nothing {
+            path: path.to_path_buf(),
+            reason: if out.unknown.is_empty() {
+                "the file labels no trace".into()
+            } else {
+                format!(
+                    "none of its {} labelled traces is in {} (first: {})",
+                    out.unknown.len(),
+                    db.display(),
+                    out.unknown[0]
+                )
+            },
+        });
+    }
+    Ok(out)
+}
+
 /// Only the traces produced by `agent` (Table 8: a detector evaluated on the agent it was
 /// trained without). An error when there are none, naming the agents there are.
 pub fn held_out(traces: Vec<Labelled>, agent: &str, db: &Path) -> Result<Vec<Labelled>> {
@@ -294,6 +452,64 @@ mod tests {
         assert_eq!(labelled_traces(&db, Some(&one)).unwrap().len(), 1);
         let err = labelled_traces(&db, Some(&["nope".to_string()])).unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn label_files_label_any_store_and_refuse_bad_lines_by_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("s.sqlite");
+        let built = detect::synthetic::build_store(&db, 1).unwrap();
+        let (a, b) = (built[0].0.clone(), built[1].0.clone());
+        let catalog = taxonomy::Catalog::embedded().unwrap();
+        let path = dir.path().join("labels.jsonl");
+        let write = |lines: &[String]| std::fs::write(&path, lines.join("\n")).unwrap();
+        // The file's labels, not the store's: `a` is called healthy, `b` P16 at a component,
+        // and a third trace the store lacks is listed, not dropped.
+        write(&[
+            format!("{{\"trace_id\": \"{a}\", \"deficiency_id\": \"NONE\"}}"),
+            String::new(),
+            format!(
+                "{{\"trace_id\": \"{b}\", \"deficiency_id\": \"p16\", \"component\": \"tools.schema\", \"step\": 3, \"agent\": \"planner\"}}"
+            ),
+            "{\"trace_id\": \"elsewhere\", \"deficiency_id\": \"C3\"}".into(),
+        ]);
+        let read = read_labels(&path, &db, &catalog, None).unwrap();
+        assert_eq!(read.traces.len(), 2);
+        assert_eq!(read.traces[0].trace_id, a);
+        assert_eq!(read.traces[0].truth.deficiency_id, taxonomy::NONE);
+        assert_eq!(read.traces[1].truth.deficiency_id, "P16");
+        assert_eq!(
+            read.traces[1].truth.component.as_deref(),
+            Some("tools.schema")
+        );
+        assert_eq!(read.unknown, vec!["elsewhere"]);
+        assert_eq!((read.with_step, read.with_agent), (1, 1));
+        // A split keeps its traces only.
+        let only = read_labels(&path, &db, &catalog, Some(&[b.clone()])).unwrap();
+        assert_eq!(only.traces.len(), 1);
+        assert!(only.unknown.is_empty());
+        // Bad lines, each refused with its number and reason.
+        let ok = format!("{{\"trace_id\": \"{a}\", \"deficiency_id\": \"P1\"}}");
+        for (line, needle) in [
+            ("not json".to_string(), "line 2"),
+            (format!("{{\"trace_id\": \"{b}\"}}"), "deficiency_id"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P99\"}}"), "P99"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"typo\": 1}}"), "typo"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"none\", \"file\": \"x.py\"}}"), "healthy"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"component\": \"nowhere\"}}"), "nowhere"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"step\": -1}}"), "line 2"),
+            (ok.clone(), "twice"),
+        ] {
+            write(&[ok.clone(), line]);
+            let err = read_labels(&path, &db, &catalog, None).unwrap_err().to_string();
+            assert!(err.contains("line 2") && err.contains(needle), "{needle}: {err}");
+        }
+        // Nothing the store holds: an error that says so.
+        write(&["{\"trace_id\": \"elsewhere\", \"deficiency_id\": \"C3\"}".into()]);
+        let err = read_labels(&path, &db, &catalog, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("elsewhere"), "{err}");
     }
 
     #[test]

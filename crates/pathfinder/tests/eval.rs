@@ -353,3 +353,84 @@ fn holdout_agent_evaluates_only_that_agents_traces() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_label_file_scores_a_store_without_labels_and_names_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let labelled = dir.path().join("labelled.db");
+    let built = detect::synthetic::build_store(&labelled, 1).unwrap();
+    // The same traces in a store with no labels, as an import from elsewhere would be.
+    let bare = dir.path().join("bare.db");
+    {
+        let source = traces::Store::open_read_only(&labelled).unwrap();
+        let mut store = traces::Store::open(&bare).unwrap();
+        for (id, _) in &built {
+            store
+                .import_spans(source.spans(id).unwrap(), "copy")
+                .unwrap();
+        }
+    }
+    // Every trace's label in a file, the first one called healthy, and one trace the store
+    // does not hold.
+    let mut lines: Vec<String> = built
+        .iter()
+        .enumerate()
+        .map(|(i, (id, l))| {
+            if i == 0 {
+                serde_json::json!({"trace_id": id, "deficiency_id": "none"})
+            } else {
+                serde_json::json!({"trace_id": id, "deficiency_id": l.deficiency_id,
+                    "component": l.component})
+            }
+            .to_string()
+        })
+        .collect();
+    lines.push(r#"{"trace_id": "not-imported", "deficiency_id": "P3"}"#.into());
+    let file = dir.path().join("labels.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let report: Value = serde_json::from_str(&run_ok(
+        &[
+            "eval",
+            "--json",
+            "--detector",
+            "expert",
+            "--resamples",
+            "50",
+        ],
+        &[("--db", &bare), ("--labels", &file)],
+    ))
+    .unwrap();
+    assert_eq!(report["summary"]["traces"], built.len());
+    assert_eq!(report["summary"]["healthy"], 1);
+    assert!(report["summary"]["false_positive_rate"]["value"].is_number());
+    assert_eq!(
+        report["labels"]["unknown"],
+        serde_json::json!(["not-imported"])
+    );
+    // The markdown names the trace it left out.
+    let md = run_ok(
+        &["eval", "--detector", "keyword", "--resamples", "50"],
+        &[("--db", &bare), ("--labels", &file)],
+    );
+    assert!(md.contains("not-imported"), "{md}");
+
+    // A malformed file is refused with the line and the reason, and nothing is evaluated.
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n{{\"trace_id\": \"x\", \"deficiency_id\": \"Q7\"}}\n",
+            lines[1]
+        ),
+    )
+    .unwrap();
+    let out = pathfinder()
+        .args(["eval", "--detector", "expert", "--db"])
+        .arg(&bare)
+        .arg("--labels")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2") && err.contains("Q7"), "{err}");
+}

@@ -28,6 +28,10 @@ pub struct TrainerState {
     /// The whole-choice Detector's higher-order examples: live traces it named wrongly.
     #[serde(default)]
     pub head_failures: Vec<crate::head::Failure>,
+    /// The (agent, task) pairs whose clean runs the Detector has investigated as healthy
+    /// traces (each once per run).
+    #[serde(default)]
+    pub healthy_seen: std::collections::BTreeSet<(String, String)>,
     /// Whether the warm start ran.
     pub warm_started: bool,
 }

@@ -149,6 +149,12 @@ pub struct RunSection {
     /// Wall-clock limit of one agent run, seconds.
     #[serde(default = "sixty")]
     pub agent_timeout_secs: u64,
+    /// Healthy traces the Detector investigates per step beside the injected ones: the clean
+    /// runs that validation already made for the step's valid injections, each (agent, task)
+    /// once per run and never a held-out healthy trace's twin. Without them every live trace
+    /// is deficient, and PPO and the reviews only ever pull the Detector away from `none`.
+    #[serde(default)]
+    pub healthy_per_step: usize,
 }
 
 fn one() -> u64 {

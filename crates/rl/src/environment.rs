@@ -47,6 +47,9 @@ pub struct CorpusPrior {
     new_only: bool,
     /// `None`: no filter.
     validated: Option<BTreeSet<(String, String, String)>>,
+    /// The (agent, task) pairs whose clean run is a held-out healthy trace: their clean runs are
+    /// never shown to the Detector in training (the same task's clean run is that trace's twin).
+    held_out_healthy: BTreeSet<(String, String)>,
 }
 
 /// The fields of a `corpus.jsonl` record the prior reads.
@@ -59,8 +62,17 @@ struct RecordKey {
     variant: String,
 }
 
+/// The fields of a `healthy.jsonl` record the prior reads.
+#[derive(serde::Deserialize)]
+struct HealthyKey {
+    split: String,
+    agent: String,
+    task: String,
+}
+
 impl CorpusPrior {
-    /// Reads `CORPUS/corpus.jsonl` (one record per validated episode, with its split).
+    /// Reads `CORPUS/corpus.jsonl` (one record per validated episode, with its split) and, when
+    /// the corpus has one, `CORPUS/healthy.jsonl` (its healthy traces).
     pub fn read(corpus: &Path, held_out_split: &str, validated_only: bool) -> Result<CorpusPrior> {
         let path = corpus.join("corpus.jsonl");
         let text = std::fs::read_to_string(&path).map_err(|e| RlError::io(&path, e))?;
@@ -69,7 +81,24 @@ impl CorpusPrior {
             in_corpus: BTreeSet::new(),
             new_only: false,
             validated: validated_only.then(BTreeSet::new),
+            held_out_healthy: BTreeSet::new(),
         };
+        let held_out = |split: &str| held_out_split.split('+').any(|s| s == split);
+        let healthy = corpus.join("healthy.jsonl");
+        if healthy.is_file() {
+            let text = std::fs::read_to_string(&healthy).map_err(|e| RlError::io(&healthy, e))?;
+            for (i, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let r: HealthyKey = serde_json::from_str(line).map_err(|e| {
+                    RlError::Environment(format!("{}: line {}: {e}", healthy.display(), i + 1))
+                })?;
+                if held_out(&r.split) {
+                    prior.held_out_healthy.insert((r.agent, r.task));
+                }
+            }
+        }
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -86,7 +115,7 @@ impl CorpusPrior {
                 r.variant.clone(),
                 r.task.clone(),
             ));
-            if held_out_split.split('+').any(|s| s == r.split) {
+            if held_out(&r.split) {
                 prior
                     .held_out
                     .insert((r.agent, r.deficiency, r.variant, r.task));
@@ -101,6 +130,12 @@ impl CorpusPrior {
     pub fn new_tasks_only(mut self) -> CorpusPrior {
         self.new_only = true;
         self
+    }
+
+    /// Whether `agent`'s clean run of `task` is a held-out healthy trace.
+    pub fn healthy_held_out(&self, agent: &str, task: &str) -> bool {
+        self.held_out_healthy
+            .contains(&(agent.to_owned(), task.to_owned()))
     }
 
     /// Held-out combinations and, under the filter, validated ones.
@@ -339,6 +374,16 @@ impl Environment {
         self.runner.run_diff(planned, diff).map_err(env_err)
     }
 
+    /// The clean run beside an episode as a healthy trace the Detector may train on: the run
+    /// succeeded and left a trace, and it is not a held-out healthy trace's twin.
+    pub fn clean_trace(&self, m: &Manifest) -> Option<PathBuf> {
+        if !m.clean.success || self.prior.healthy_held_out(&m.agent, &m.task) {
+            return None;
+        }
+        let path = self.out().join(corpus::clean_trace_path(&m.agent, &m.task));
+        path.is_file().then_some(path)
+    }
+
     /// The runner's output directory (manifests' trace paths are relative to it).
     pub fn out(&self) -> &Path {
         self.runner.out()
@@ -363,8 +408,45 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
         .trace
         .as_deref()
         .ok_or_else(|| RlError::Environment(format!("episode {} left no trace", m.id)))?;
-    let original = out.join(rel);
-    let text = std::fs::read_to_string(&original).map_err(|e| RlError::io(&original, e))?;
+    let t = truth(m);
+    let mut label = traces::Label::new(trace_id);
+    label.deficiency_id = Some(t.deficiency);
+    label.component = t.component;
+    label.file = t.file;
+    label.function = t.function;
+    label.source = serde_json::json!({"episode": m.id, "agent": m.agent, "task": m.task});
+    import_trace(store, &out.join(rel), label)
+}
+
+/// The ground truth of a healthy trace: no deficiency, and nowhere to find one.
+pub fn healthy_truth() -> Truth {
+    Truth {
+        deficiency: policy::decision::NONE.to_owned(),
+        component: Some(policy::decision::NO_COMPONENT.to_owned()),
+        file: None,
+        function: None,
+    }
+}
+
+/// Imports the clean run beside episode `m` (at `clean`, from [`Environment::clean_trace`])
+/// into `store` under `trace_id`, labelled healthy.
+pub fn import_healthy(
+    store: &mut traces::Store,
+    clean: &Path,
+    m: &Manifest,
+    trace_id: &str,
+) -> Result<()> {
+    let mut label = traces::Label::new(trace_id);
+    label.deficiency_id = Some(policy::decision::NONE.to_owned());
+    label.source = serde_json::json!({"clean_run_of": m.id, "agent": m.agent, "task": m.task});
+    import_trace(store, clean, label)
+}
+
+/// Imports the trace file `original` under `label.trace_id`, with `label`. The rewritten trace
+/// file is kept beside the original.
+fn import_trace(store: &mut traces::Store, original: &Path, label: traces::Label) -> Result<()> {
+    let trace_id = label.trace_id.clone();
+    let text = std::fs::read_to_string(original).map_err(|e| RlError::io(original, e))?;
     let mut rekeyed = String::with_capacity(text.len());
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -376,7 +458,7 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
         if let Some(o) = v.as_object_mut() {
             o.insert(
                 "trace_id".into(),
-                serde_json::Value::String(trace_id.into()),
+                serde_json::Value::String(trace_id.clone()),
             );
         }
         rekeyed.push_str(&v.to_string());
@@ -389,13 +471,6 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
     store
         .import_file(&path, traces::Format::Jsonl)
         .map_err(store_err)?;
-    let t = truth(m);
-    let mut label = traces::Label::new(trace_id);
-    label.deficiency_id = Some(t.deficiency);
-    label.component = t.component;
-    label.file = t.file;
-    label.function = t.function;
-    label.source = serde_json::json!({"episode": m.id, "agent": m.agent, "task": m.task});
     store.put_label(&label).map_err(store_err)?;
     Ok(())
 }
@@ -499,5 +574,40 @@ mod tests {
         std::fs::write(corpus.join("corpus.jsonl"), "{\"split\": \"test\"}\n").unwrap();
         let err = CorpusPrior::read(&corpus, "test", false).unwrap_err();
         assert!(err.to_string().contains("corpus.jsonl: line 1"), "{err}");
+    }
+
+    #[test]
+    fn held_out_healthy_traces_keep_their_clean_runs_out_of_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path();
+        std::fs::write(corpus.join("corpus.jsonl"), "").unwrap();
+        let healthy = |split: &str, task: &str| {
+            serde_json::json!({"split": split, "trace_id": "h", "agent": "swe", "task": task,
+                "healthy": true, "trace": format!("clean/swe/runs/{task}/trace.jsonl")})
+            .to_string()
+        };
+        std::fs::write(
+            corpus.join("healthy.jsonl"),
+            [
+                healthy("train", "a"),
+                healthy("val", "b"),
+                healthy("test", "c"),
+            ]
+            .join("\n"),
+        )
+        .unwrap();
+        let prior = CorpusPrior::read(corpus, "val+test", false).unwrap();
+        assert!(!prior.healthy_held_out("swe", "a"));
+        assert!(prior.healthy_held_out("swe", "b") && prior.healthy_held_out("swe", "c"));
+        assert!(!prior.healthy_held_out("toolcaller", "b"));
+        let prior = CorpusPrior::read(corpus, "test", false).unwrap();
+        assert!(!prior.healthy_held_out("swe", "b") && prior.healthy_held_out("swe", "c"));
+        // A corpus without healthy traces holds none out; a bad line is named.
+        std::fs::write(corpus.join("healthy.jsonl"), "{\"split\": 3}\n").unwrap();
+        let err = CorpusPrior::read(corpus, "test", false).unwrap_err();
+        assert!(err.to_string().contains("healthy.jsonl: line 1"), "{err}");
+        std::fs::remove_file(corpus.join("healthy.jsonl")).unwrap();
+        let prior = CorpusPrior::read(corpus, "test", false).unwrap();
+        assert!(!prior.healthy_held_out("swe", "c"));
     }
 }

@@ -65,6 +65,12 @@ pub struct StepMetrics {
     pub review_top1_before: Option<f64>,
     pub review_top1_after: Option<f64>,
     pub review_train_top1_after: Option<f64>,
+    /// Healthy traces (clean runs) investigated in this step, and the share of them the
+    /// greedy answer called deficient.
+    #[serde(default)]
+    pub healthy_investigated: Option<usize>,
+    #[serde(default)]
+    pub healthy_false_positive_rate: Option<f64>,
 }
 
 /// One held-out evaluation.

@@ -71,6 +71,10 @@ struct Episode {
     detections: Vec<(Detection, Conversation, detect::Transcript)>,
     /// With the decision head, each detection's sampled choice: (features, class, log-prob).
     head_choices: Vec<(Vec<f32>, usize, f32)>,
+    /// The investigations of the clean run beside the injection, as a healthy trace
+    /// (`run.healthy_per_step`); empty when it was not investigated.
+    healthy: Vec<(Detection, Conversation, detect::Transcript)>,
+    healthy_choices: Vec<(Vec<f32>, usize, f32)>,
 }
 
 /// What the Injector proposed in a step: the episodes, their plans and (diff mode) diffs.
@@ -91,6 +95,9 @@ struct Scored {
     localised: usize,
     calls: usize,
     investigated: usize,
+    /// Healthy traces investigated, and those the greedy answer called deficient.
+    healthy: usize,
+    healthy_flagged: usize,
     new_failures: Vec<FailedInvestigation>,
     /// Live traces the decision head named wrongly (its higher-order examples).
     new_head_failures: Vec<head::Failure>,
@@ -722,7 +729,8 @@ impl Trainer {
         // 1. The Injector proposes.
         let mut proposed = self.propose(env, step)?;
         // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
-        self.run_and_investigate(env, step, &mut proposed)?;
+        let healthy_pairs = self.run_and_investigate(env, step, &mut proposed)?;
+        self.state.healthy_seen.extend(healthy_pairs);
         let episodes = proposed.episodes;
         // 4. Rewards, and the higher-order reviews that join the Detector's batch.
         let mut scored = self.score(env, step, &episodes)?;
@@ -750,6 +758,8 @@ impl Trainer {
             localised,
             calls,
             investigated,
+            healthy,
+            healthy_flagged,
             chosen_types,
             ..
         } = scored;
@@ -800,6 +810,9 @@ impl Trainer {
             review_top1_before: review.map(|r| r.failures_top1_before),
             review_top1_after: review.map(|r| r.failures_top1_after),
             review_train_top1_after: review.map(|r| r.anchor_top1_after),
+            healthy_investigated: (healthy > 0).then_some(healthy),
+            healthy_false_positive_rate: (healthy > 0)
+                .then(|| healthy_flagged as f64 / healthy as f64),
             ..StepMetrics::default()
         })
     }
@@ -870,6 +883,8 @@ impl Trainer {
                 manifest: None,
                 detections: Vec::new(),
                 head_choices: Vec::new(),
+                healthy: Vec::new(),
+                healthy_choices: Vec::new(),
             });
         }
 
@@ -882,13 +897,15 @@ impl Trainer {
 
     /// Phases 2 and 3: the agents run the planned episodes on a worker thread, and the
     /// Detector investigates each valid trace as it arrives (through the decision head, or
-    /// `samples_per_trace` sampled investigations).
+    /// `samples_per_trace` sampled investigations), and up to `run.healthy_per_step` of the
+    /// clean runs beside them as healthy traces. Returns the (agent, task) pairs whose clean
+    /// runs it investigated.
     fn run_and_investigate(
         &self,
         env: &mut Environment,
         step: u64,
         proposed: &mut Proposed,
-    ) -> Result<()> {
+    ) -> Result<Vec<(String, String)>> {
         let Proposed {
             episodes,
             planned,
@@ -911,6 +928,8 @@ impl Trainer {
         )
         .map_err(|e| RlError::Environment(e.to_string()))?;
         let out = env.out().to_owned();
+        let n = planned.len();
+        let mut healthy_pairs: Vec<(String, String)> = Vec::new();
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             let env_ref = &mut *env;
@@ -922,13 +941,14 @@ impl Trainer {
                         Some(d) => env_ref.run_diff(p, d),
                         None => env_ref.run(p),
                     };
+                    let clean = r.as_ref().ok().and_then(|m| env_ref.clean_trace(m));
                     let failed = r.is_err();
-                    if tx.send((i, r)).is_err() || failed {
+                    if tx.send((i, r, clean)).is_err() || failed {
                         break;
                     }
                 }
             });
-            for (i, manifest) in rx {
+            for (i, manifest, clean) in rx {
                 let manifest = manifest?;
                 // Kept beside the episode for inspection (the corpus layout).
                 let record = out
@@ -949,6 +969,28 @@ impl Trainer {
                         let detections = self.investigate_tokens(&detector, &trace_id, step, i)?;
                         episodes[i].detections.extend(detections);
                     }
+                    let pair = (manifest.agent.clone(), manifest.task.clone());
+                    let show = clean.filter(|_| {
+                        healthy_pairs.len() < self.config.run.healthy_per_step
+                            && !self.state.healthy_seen.contains(&pair)
+                            && !healthy_pairs.contains(&pair)
+                    });
+                    if let Some(clean) = show {
+                        // Its randomness is drawn after the step's injected traces' (n + i).
+                        let trace_id = format!("h{step:05}{i:02}");
+                        environment::import_healthy(&mut store, &clean, &manifest, &trace_id)?;
+                        if let Some((h, _)) = &self.heads {
+                            let (detections, choices) =
+                                self.investigate_head(&detector, h, &trace_id, step, n + i)?;
+                            episodes[i].healthy.extend(detections);
+                            episodes[i].healthy_choices.extend(choices);
+                        } else {
+                            let detections =
+                                self.investigate_tokens(&detector, &trace_id, step, n + i)?;
+                            episodes[i].healthy.extend(detections);
+                        }
+                        healthy_pairs.push(pair);
+                    }
                 }
                 episodes[i].manifest = Some(manifest);
             }
@@ -962,7 +1004,7 @@ impl Trainer {
             )));
         }
 
-        Ok(())
+        Ok(healthy_pairs)
     }
 
     /// Phase 4: the rewards. Each investigation is scored on its own joint reward; the
@@ -980,6 +1022,7 @@ impl Trainer {
         let mut new_failures: Vec<FailedInvestigation> = Vec::new();
         let mut new_head_failures: Vec<head::Failure> = Vec::new();
         let mut investigated = 0usize;
+        let (mut healthy, mut healthy_flagged) = (0usize, 0usize);
         let mut chosen_types = Vec::new();
         let mut log = String::new();
         for (i, e) in episodes.iter().enumerate() {
@@ -1080,6 +1123,62 @@ impl Trainer {
                 reward: if w.joint { r_inj + r_det_mean } else { r_inj },
                 group: 0,
             });
+            // The clean run beside it, as a healthy trace: the Detector's reward alone (no
+            // injection to credit), its own group, and a failure to review when the greedy
+            // answer called it deficient.
+            let truth = environment::healthy_truth();
+            let group = 1 + (episodes.len() + i) as u64;
+            for (j, (d, conversation, transcript)) in e.healthy.iter().enumerate() {
+                let r_det = reward::detector_reward(d, &truth, sites, w);
+                let line = serde_json::json!({
+                    "step": step,
+                    "episode": i,
+                    "healthy": true,
+                    "sample": j,
+                    "truth": &truth,
+                    "reward_detector": r_det,
+                    "transcript": transcript,
+                });
+                log.push_str(&line.to_string());
+                log.push('\n');
+                if j == 0 {
+                    healthy += 1;
+                    if let (Some((h, _)), Some((features, _, _))) =
+                        (&self.heads, e.healthy_choices.first())
+                    {
+                        let answered = h.type_model.predict(features);
+                        let class = h.types.iter().position(|t| *t == truth.deficiency);
+                        healthy_flagged += usize::from(Some(answered) != class);
+                        if let Some(class) = class.filter(|c| *c != answered) {
+                            new_head_failures.push(head::Failure {
+                                features: features.clone(),
+                                class,
+                                answered,
+                            });
+                        }
+                    } else {
+                        healthy_flagged +=
+                            usize::from(d.deficiency.as_deref() != Some(truth.deficiency.as_str()));
+                    }
+                }
+                if let Some((features, action, old_log_prob)) = e.healthy_choices.get(j) {
+                    samples_head.push(HeadSample {
+                        features: features.clone(),
+                        action: *action,
+                        old_log_prob: *old_log_prob,
+                        reward: r_det,
+                        group,
+                    });
+                }
+                if conversation.generated_count() > 0 {
+                    samples_det.push(Sample {
+                        role: Role::Detector,
+                        conversation: conversation.clone(),
+                        reward: r_det,
+                        group: if per_trace > 1 { group } else { 0 },
+                    });
+                }
+            }
         }
         // The Injector sees its last 16 outcomes.
         let keep = self.state.history.len().saturating_sub(16);
@@ -1094,6 +1193,8 @@ impl Trainer {
             localised,
             calls,
             investigated,
+            healthy,
+            healthy_flagged,
             new_failures,
             new_head_failures,
             chosen_types,

@@ -309,6 +309,11 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
             "max_turns = 2",
             "max_turns = 2\ndecision = \"head\"\nsamples_per_trace = 4",
         )
+        // One clean run a step is investigated as a healthy trace beside the injected ones.
+        .replace(
+            "injections_per_step = 2",
+            "injections_per_step = 2\nhealthy_per_step = 1",
+        )
         // The head reviews its failures (head::review) in every step, so the resumed run
         // must carry them in its state to repeat the uninterrupted one.
         .replace("[higher_order]\nper_step = 1", "[higher_order]\nepochs = 5\nbuffer = 16")
@@ -359,6 +364,21 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         ppo.iter().all(|l| l["review_failures"].is_number()),
         "{ppo:?}"
     );
+    // The first step with a valid injection also investigated the clean run beside it (the
+    // agent's clean runs succeed), and no step more than one; they are in the step's log.
+    let first_valid = ppo
+        .iter()
+        .find(|l| l["valid_injections"].as_u64().unwrap() > 0)
+        .expect("a valid injection in two steps");
+    assert_eq!(first_valid["healthy_investigated"], 1, "{first_valid}");
+    assert!(first_valid["healthy_false_positive_rate"].is_number());
+    assert!(ppo
+        .iter()
+        .all(|l| l["healthy_investigated"].as_u64().unwrap_or(0) <= 1));
+    let step = first_valid["step"].as_u64().unwrap();
+    let log = std::fs::read_to_string(whole.join(format!("live/investigations/step-{step}.jsonl")))
+        .unwrap();
+    assert!(log.lines().any(|l| l.contains("\"healthy\":true")), "{log}");
     let reviewed = ppo
         .iter()
         .any(|l| l["review_failures"].as_u64().unwrap() > 0);

@@ -27,6 +27,12 @@ pub struct EvalArgs {
     /// generator's splits/test.jsonl).
     #[arg(long, requires = "db")]
     pub split: Option<PathBuf>,
+    /// Labels from this file instead of the store's: JSON Lines with `trace_id` and
+    /// `deficiency_id` (a catalog id, or `none` for a healthy trace), optionally `component`,
+    /// `file`, `function`, `step` and `agent`, for traces imported from anywhere (`pathfinder
+    /// import`). Labels of traces the store lacks are listed in the report.
+    #[arg(long, requires = "db", value_name = "FILE")]
+    pub labels: Option<PathBuf>,
     /// Table 8: evaluate only the traces this agent produced (the label's `source.agent`), for
     /// a detector trained without it.
     #[arg(long, requires = "db", value_name = "NAME")]
@@ -220,8 +226,24 @@ fn fit_classifier(db: &Path, args: &EvalArgs) -> Result<::eval::classifier::Clas
         ),
     };
     let ids = store_eval::read_split(&path)?;
-    let train = store_eval::labelled_traces(db, Some(&ids))
-        .with_context(|| format!("the classifier's train split {}", path.display()))?;
+    let train = match &args.labels {
+        Some(labels) => {
+            let catalog =
+                taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
+            let read = store_eval::read_labels(labels, db, &catalog, Some(&ids))
+                .with_context(|| format!("the classifier's train split {}", path.display()))?;
+            if let Some(id) = read.unknown.first() {
+                bail!(
+                    "the classifier's train split {} names trace {id}, which {} labels but the store lacks",
+                    path.display(),
+                    labels.display()
+                );
+            }
+            read.traces
+        }
+        None => store_eval::labelled_traces(db, Some(&ids))
+            .with_context(|| format!("the classifier's train split {}", path.display()))?,
+    };
     if let Some(only) = args
         .split
         .as_deref()
@@ -329,7 +351,28 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         .as_deref()
         .map(store_eval::read_split)
         .transpose()?;
-    let mut traces = store_eval::labelled_traces(db, only.as_deref())?;
+    let catalog = taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
+    let (mut traces, labels_note) = match &args.labels {
+        Some(file) => {
+            let read = store_eval::read_labels(file, db, &catalog, only.as_deref())?;
+            if !read.unknown.is_empty() {
+                tracing::warn!(
+                    unknown = read.unknown.len(),
+                    first = %read.unknown[0],
+                    "{}: labels of traces the store does not hold are left out (listed in the report)",
+                    file.display()
+                );
+            }
+            let note = report::LabelsNote {
+                file: file.display().to_string(),
+                unknown: read.unknown,
+                with_step: read.with_step,
+                with_agent: read.with_agent,
+            };
+            (read.traces, Some(note))
+        }
+        None => (store_eval::labelled_traces(db, only.as_deref())?, None),
+    };
     if let Some(agent) = &args.holdout_agent {
         traces = store_eval::held_out(traces, agent, db)?;
     }
@@ -345,7 +388,6 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
             db.display()
         );
     }
-    let catalog = taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
     let bar = progress(
         traces.len() * detectors.len() * settings.len(),
         "investigating",
@@ -433,6 +475,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                 bootstrap,
                 summary: metrics::summarise(&cases, &catalog, &bootstrap),
                 cases,
+                labels: labels_note.clone(),
             });
         }
     }
