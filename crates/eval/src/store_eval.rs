@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(read.unknown, vec!["elsewhere"]);
         assert_eq!((read.with_step, read.with_agent), (1, 1));
         // A split keeps its traces only.
-        let only = read_labels(&path, &db, &catalog, Some(&[b.clone()])).unwrap();
+        let only = read_labels(&path, &db, &catalog, Some(std::slice::from_ref(&b))).unwrap();
         assert_eq!(only.traces.len(), 1);
         assert!(only.unknown.is_empty());
         // Bad lines, each refused with its number and reason.
