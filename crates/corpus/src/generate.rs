@@ -182,6 +182,10 @@ pub struct Record {
     pub trace_id: String,
     #[serde(flatten)]
     pub manifest: Manifest,
+    /// Where the injected run first departs from the clean run (also the store label's `step`
+    /// and `agent`). Derived from the two traces at publishing, so outside the digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub departure: Option<crate::departure::Departure>,
 }
 
 /// How a generation ended.
@@ -786,6 +790,8 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
         source,
     };
     let mut store = traces::Store::open(&staging).map_err(store_err)?;
+    // The clean runs, read back in the store's span order to find each departure.
+    let mut clean_spans = CleanSpans::new(out).map_err(store_err)?;
     let mut records = Vec::new();
     let mut healthy_records: Vec<HealthyRecord> = Vec::new();
     for m in &valid {
@@ -803,15 +809,24 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
         label.function = loc.as_ref().and_then(|l| l.function.clone());
         label.line_start = loc.as_ref().map(|l| l.line_start as i64);
         label.line_end = loc.as_ref().map(|l| l.line_end as i64);
+        let injected = store.spans(&trace_id).map_err(store_err)?;
+        let departure = crate::departure::first_departure(
+            clean_spans.get(&m.agent, &m.task).map_err(store_err)?,
+            &injected,
+        );
+        label.step = departure.as_ref().and_then(|d| d.step);
+        label.agent = departure.as_ref().and_then(|d| d.agent.clone());
         label.source = serde_json::json!({
             "episode": m.id, "agent": m.agent, "task": m.task, "variant": m.variant,
             "strategy": m.strategy, "split": split,
+            "departure": departure,
         });
         store.put_label(&label).map_err(store_err)?;
         records.push(Record {
             split,
             trace_id,
             manifest: (*m).clone(),
+            departure,
         });
     }
     let healthy = healthy_runs(out, plan, manifests, valid.len());
@@ -958,6 +973,43 @@ fn publish(out: &Path, plan: &Plan, manifests: &[Manifest]) -> Result<Report, Co
     };
     write_atomic(&out.join("report.json"), to_json(&report).as_bytes())?;
     Ok(report)
+}
+
+/// The clean runs' spans in `seq` order, each read once through a scratch store.
+struct CleanSpans<'a> {
+    out: &'a Path,
+    scratch: traces::Store,
+    read: BTreeMap<(String, String), Vec<traces::Span>>,
+}
+
+impl<'a> CleanSpans<'a> {
+    fn new(out: &'a Path) -> traces::Result<CleanSpans<'a>> {
+        Ok(CleanSpans {
+            out,
+            scratch: traces::Store::open_in_memory()?,
+            read: BTreeMap::new(),
+        })
+    }
+
+    /// The spans of `agent`'s clean run of `task` (none when it left no trace).
+    fn get(&mut self, agent: &str, task: &str) -> traces::Result<&[traces::Span]> {
+        let key = (agent.to_owned(), task.to_owned());
+        if !self.read.contains_key(&key) {
+            let path = self.out.join(clean_trace_path(agent, task));
+            let spans = if path.is_file() {
+                let report = self.scratch.import_file(&path, traces::Format::Jsonl)?;
+                let mut spans = Vec::new();
+                for id in &report.trace_ids {
+                    spans.extend(self.scratch.spans(id)?);
+                }
+                spans
+            } else {
+                Vec::new()
+            };
+            self.read.insert(key.clone(), spans);
+        }
+        Ok(&self.read[&key])
+    }
 }
 
 /// Where the clean run of `agent`'s `task` leaves its trace, relative to OUT.

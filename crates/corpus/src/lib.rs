@@ -6,6 +6,7 @@
 //! type, and publishes validated episodes as a store, manifests, splits, JSON Lines and Parquet.
 
 pub mod confusability;
+pub mod departure;
 pub mod features;
 pub mod generate;
 pub mod keyword;

@@ -100,6 +100,15 @@ const COLUMNS: &[Column] = &[
         "injected_json",
         Get::Text(|r| r.manifest.injected.as_ref().map(json)),
     ),
+    optional("departure_step", Get::Int(|r| r.departure.as_ref()?.step)),
+    optional(
+        "departure_span",
+        Get::Text(|r| r.departure.as_ref().map(|d| d.span.clone())),
+    ),
+    optional(
+        "departure_agent",
+        Get::Text(|r| r.departure.as_ref()?.agent.clone()),
+    ),
 ];
 
 /// The file schema in Parquet's message-type syntax, built from [`COLUMNS`].
@@ -250,6 +259,7 @@ mod tests {
                 validation,
                 trace: Some("episodes/x/run/trace.jsonl".into()),
             },
+            departure: None,
         }
     }
 

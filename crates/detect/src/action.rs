@@ -314,10 +314,13 @@ fn render_window(w: Duration) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Verdict {
-    /// A taxonomy deficiency at a component.
+    /// A taxonomy deficiency at a component, optionally at the agent step where it first
+    /// shows (`answer: P11 llm_client.request @step 3 | …`).
     Deficiency {
         deficiency_id: String,
         component: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<i64>,
         evidence: String,
     },
     /// Chat-log traces: the agent and step responsible.
@@ -335,10 +338,14 @@ impl Verdict {
             Verdict::Deficiency {
                 deficiency_id,
                 component,
+                step,
                 evidence,
-            } => {
-                format!("answer: {deficiency_id} {component} | {evidence}")
-            }
+            } => match step {
+                Some(step) => {
+                    format!("answer: {deficiency_id} {component} @step {step} | {evidence}")
+                }
+                None => format!("answer: {deficiency_id} {component} | {evidence}"),
+            },
             Verdict::Blame {
                 agent,
                 step,
@@ -396,14 +403,26 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
         .map(|()| Verdict::Deficiency {
             deficiency_id: taxonomy::NONE.into(),
             component: taxonomy::NONE.into(),
+            step: None,
             evidence,
         });
     }
-    let [id, component] = words.as_slice() else {
-        return Err(format!(
-            "write `answer: ID COMPONENT | evidence` (e.g. `answer: P16 tools.schema | …`); got {} word(s) before `|`",
-            words.len()
-        ));
+    let (id, component, step) = match words.as_slice() {
+        [id, component] => (id, component, None),
+        [id, component, at, n] if at.eq_ignore_ascii_case("@step") => {
+            let step = n
+                .parse::<i64>()
+                .ok()
+                .filter(|s| *s >= 0)
+                .ok_or_else(|| format!("step `{n}` is not a whole number of 0 or more"))?;
+            (id, component, Some(step))
+        }
+        _ => {
+            return Err(format!(
+                "write `answer: ID COMPONENT | evidence` or `answer: ID COMPONENT @step N | evidence` (e.g. `answer: P16 tools.schema | …`); got {} word(s) before `|`",
+                words.len()
+            ))
+        }
     };
     let deficiency = catalog
         .get(id)
@@ -418,6 +437,7 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
     Ok(Verdict::Deficiency {
         deficiency_id: deficiency.id.clone(),
         component: component.to_string(),
+        step,
         evidence,
     })
 }
@@ -517,9 +537,29 @@ mod tests {
             Verdict::Deficiency {
                 deficiency_id: "P16".into(),
                 component: "tools.schema".into(),
+                step: None,
                 evidence: "RecursionError".into()
             }
         );
+        // Where it shows, and the text that says so read back the same.
+        let at = parse_verdict("P16 tools.schema @step 3 | first failing call", &catalog).unwrap();
+        assert_eq!(
+            at,
+            Verdict::Deficiency {
+                deficiency_id: "P16".into(),
+                component: "tools.schema".into(),
+                step: Some(3),
+                evidence: "first failing call".into()
+            }
+        );
+        assert_eq!(
+            at.render(),
+            "answer: P16 tools.schema @step 3 | first failing call"
+        );
+        assert!(parse_verdict("P16 tools.schema @step -1 | x", &catalog)
+            .unwrap_err()
+            .contains("-1"));
+        assert!(parse_verdict("P16 tools.schema @stage 3 | x", &catalog).is_err());
         assert_eq!(
             parse_verdict("agent WebSurfer step 12 | wrong page", &catalog).unwrap(),
             Verdict::Blame {

@@ -11,22 +11,29 @@ use serde::Serialize;
 use crate::bootstrap::{self, Bootstrap, Estimate};
 
 /// Where the fault really is (from the store's `labels` table).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Truth {
     pub deficiency_id: String,
     pub component: Option<String>,
     pub file: Option<String>,
     pub function: Option<String>,
+    /// The agent step where the failure first shows (a corpus label: where the injected run
+    /// first departs from the clean run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<i64>,
 }
 
 /// What a detector answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Prediction {
     pub deficiency_id: String,
     pub component: String,
     /// Detect's verdicts name no file or function today; a detector that does fills these.
     pub file: Option<String>,
     pub function: Option<String>,
+    /// The step the answer points at (`answer: ID COMPONENT @step N | …`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<i64>,
 }
 
 /// One evaluated trace.
@@ -88,6 +95,22 @@ pub fn localised(case: &Case) -> Option<bool> {
         _ => true,
     };
     Some(p.component == truth_component && file_ok && function_ok)
+}
+
+/// Step localisation: `None` for a healthy trace or one whose label names no step; otherwise
+/// whether the answer named a step within `tolerance` of the labelled one (an answer without a
+/// step, or without a verdict, misses).
+pub fn step_localised(case: &Case, tolerance: i64) -> Option<bool> {
+    if healthy(case) {
+        return None;
+    }
+    let truth = case.truth.step?;
+    Some(
+        case.predicted
+            .as_ref()
+            .and_then(|p| p.step)
+            .is_some_and(|s| (s - truth).abs() <= tolerance),
+    )
 }
 
 fn same_file(a: &str, b: &str) -> bool {
@@ -210,6 +233,12 @@ pub struct Summary {
     /// Over the traces whose label names a component.
     pub localisation: Option<Estimate>,
     pub tool_calls: Option<Estimate>,
+    /// Over the deficient traces whose label names a step: the answer's step is the labelled
+    /// one, or within one step of it.
+    #[serde(default)]
+    pub step_exact: Option<Estimate>,
+    #[serde(default)]
+    pub step_within_one: Option<Estimate>,
     /// Traces whose episode ended without a verdict.
     pub no_verdict: usize,
     pub per_category: Vec<CategoryRow>,
@@ -222,6 +251,8 @@ pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> 
     let loc: Vec<bool> = cases.iter().filter_map(localised).collect();
     let calls: Vec<f64> = cases.iter().map(|c| c.tool_calls as f64).collect();
     let fp: Vec<bool> = cases.iter().filter_map(false_positive).collect();
+    let step =
+        |k: i64| -> Vec<bool> { cases.iter().filter_map(|c| step_localised(c, k)).collect() };
     Summary {
         traces: cases.len(),
         detection: bootstrap::proportion(&hits, b),
@@ -229,6 +260,8 @@ pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> 
         false_positive_rate: bootstrap::proportion(&fp, b),
         localisation: bootstrap::proportion(&loc, b),
         tool_calls: bootstrap::mean(&calls, b),
+        step_exact: bootstrap::proportion(&step(0), b),
+        step_within_one: bootstrap::proportion(&step(1), b),
         no_verdict: cases.iter().filter(|c| c.predicted.is_none()).count(),
         per_category: per_category(cases, catalog, b),
         per_agent: per_agent(cases, b),
@@ -328,12 +361,12 @@ mod tests {
                 component: component.map(str::to_string),
                 file: Some("toolcaller/agent.py".into()),
                 function: None,
+                step: None,
             },
             predicted: predicted.map(|(id, comp)| Prediction {
                 deficiency_id: id.into(),
                 component: comp.into(),
-                file: None,
-                function: None,
+                ..Prediction::default()
             }),
             tool_calls: calls,
             outcome: String::new(),
@@ -453,6 +486,32 @@ mod tests {
     }
 
     #[test]
+    fn step_localisation_counts_answers_within_the_tolerance_and_misses_without_a_step() {
+        let mut c = case(
+            "P2",
+            Some("llm_client.stream"),
+            Some(("P2", "llm_client.stream")),
+            3,
+        );
+        assert_eq!(step_localised(&c, 1), None, "the label names no step");
+        c.truth.step = Some(4);
+        assert_eq!(step_localised(&c, 1), Some(false), "the answer names none");
+        c.predicted.as_mut().unwrap().step = Some(5);
+        assert_eq!(step_localised(&c, 0), Some(false));
+        assert_eq!(step_localised(&c, 1), Some(true));
+        c.predicted = None;
+        assert_eq!(step_localised(&c, 1), Some(false));
+        let healthy = case("none", None, None, 1);
+        assert_eq!(step_localised(&healthy, 1), None);
+        let s = summarise(
+            &[c.clone()],
+            &taxonomy::Catalog::embedded().unwrap(),
+            &Bootstrap::default(),
+        );
+        assert_eq!(s.step_within_one.unwrap().value, 0.0);
+    }
+
+    #[test]
     fn paired_difference_matches_traces_by_id() {
         let base = cases();
         let mut other = cases();
@@ -461,8 +520,7 @@ mod tests {
         other[3].predicted = Some(Prediction {
             deficiency_id: "C1".into(),
             component: "orchestrator.termination".into(),
-            file: None,
-            function: None,
+            ..Prediction::default()
         });
         other[1].predicted = other[0].predicted.clone();
         other.push(case("P2", None, None, 0));

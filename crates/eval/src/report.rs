@@ -30,8 +30,8 @@ pub struct LabelsNote {
     pub file: String,
     /// Trace ids the file labels that the store does not hold.
     pub unknown: Vec<String>,
-    /// Labels that name a step, or an agent, where the failure shows: not scored, since no
-    /// store detector answers with one.
+    /// Labels that name a step (scored as step localisation), or an agent (not scored: no store
+    /// detector answers with one), where the failure shows.
     pub with_step: usize,
     pub with_agent: usize,
 }
@@ -113,10 +113,10 @@ pub fn store_markdown(r: &StoreReport) -> String {
                 }
             ));
         }
-        if l.with_step + l.with_agent > 0 {
+        if l.with_agent > 0 {
             out.push_str(&format!(
-                ". {} label(s) name a step and {} an agent; neither is scored, as no store detector answers with one yet",
-                l.with_step, l.with_agent
+                ". {} label(s) name an agent to blame, which is not scored: no store detector answers with one yet",
+                l.with_agent
             ));
         }
         out.push_str(".\n\n");
@@ -129,6 +129,11 @@ pub fn store_markdown(r: &StoreReport) -> String {
             pct(&s.false_positive_rate),
         ),
         ("Localisation accuracy", pct(&s.localisation)),
+        (
+            "Step localisation, exact (where it first shows)",
+            pct(&s.step_exact),
+        ),
+        ("Step localisation, within ±1", pct(&s.step_within_one)),
         ("Avg. tool calls", number(&s.tool_calls)),
     ] {
         out.push_str(&format!("| {name} | {v} | {ci} | {n} |\n"));

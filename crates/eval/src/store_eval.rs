@@ -69,6 +69,7 @@ pub fn labelled_traces(db: &Path, only: Option<&[String]>) -> Result<Vec<Labelle
                 component: label.component,
                 file: label.file,
                 function: label.function,
+                step: label.step,
             },
         });
     }
@@ -118,8 +119,8 @@ pub struct ExternalLabels {
     /// Trace ids the file labels that are not in the store (listed in the report, not
     /// silently dropped).
     pub unknown: Vec<String>,
-    /// Labels naming the step, and the agent, where the failure shows (kept for the record: no
-    /// detector of a store answers with a step or an agent yet, so neither is scored).
+    /// Labels naming the step (scored as step localisation) and the agent (kept for the record:
+    /// no detector of a store answers with an agent yet) where the failure shows.
     pub with_step: usize,
     pub with_agent: usize,
 }
@@ -137,7 +138,7 @@ struct LabelLine {
     #[serde(default)]
     function: Option<String>,
     #[serde(default)]
-    step: Option<u64>,
+    step: Option<i64>,
     #[serde(default)]
     agent: Option<String>,
 }
@@ -219,6 +220,9 @@ pub fn read_labels(
                 ));
             }
         }
+        if l.step.is_some_and(|s| s < 0) {
+            return Err(bad(i + 1, "`step` must be 0 or more".into()));
+        }
         if !seen.insert(l.trace_id.clone()) {
             return Err(bad(
                 i + 1,
@@ -244,6 +248,7 @@ pub fn read_labels(
                 component: l.component,
                 file: l.file,
                 function: l.function,
+                step: l.step,
             },
             agent: None,
         });
@@ -396,12 +401,13 @@ pub fn case_of(t: &Labelled, transcript: &Transcript) -> Case {
         Some(Verdict::Deficiency {
             deficiency_id,
             component,
+            step,
             ..
         }) => Some(Prediction {
             deficiency_id: deficiency_id.clone(),
             component: component.clone(),
-            file: None,
-            function: None,
+            step: *step,
+            ..Prediction::default()
         }),
         _ => None,
     };
@@ -497,7 +503,7 @@ mod tests {
             (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"typo\": 1}}"), "typo"),
             (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"none\", \"file\": \"x.py\"}}"), "healthy"),
             (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"component\": \"nowhere\"}}"), "nowhere"),
-            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"step\": -1}}"), "line 2"),
+            (format!("{{\"trace_id\": \"{b}\", \"deficiency_id\": \"P1\", \"step\": -1}}"), "step"),
             (ok.clone(), "twice"),
         ] {
             write(&[ok.clone(), line]);

@@ -48,12 +48,10 @@ fn expert_names_the_planted_deficiency_and_saves_the_episode() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The type, the component, where it first shows (the step of the first error), evidence.
+    let last = stdout.lines().last().unwrap();
     assert!(
-        stdout
-            .lines()
-            .last()
-            .unwrap()
-            .starts_with("P16 tools.schema | "),
+        last.starts_with("P16 tools.schema @step ") && last.contains(" | "),
         "{stdout}"
     );
     assert!(stdout.contains("> sql: SELECT"), "{stdout}");

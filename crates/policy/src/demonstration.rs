@@ -45,6 +45,7 @@ pub fn demonstration(
             deficiency_id,
             component,
             evidence,
+            ..
         }) => Some((
             deficiency_id.as_str(),
             component.as_str(),

@@ -316,9 +316,7 @@ mod tests {
             trace_id: id.into(),
             truth: eval::metrics::Truth {
                 deficiency_id: "P1".into(),
-                component: None,
-                file: None,
-                function: None,
+                ..eval::metrics::Truth::default()
             },
             agent: Some(agent.into()),
         }

@@ -182,6 +182,7 @@ mod tests {
         let verdict = Verdict::Deficiency {
             deficiency_id: answer.into(),
             component: "tools.schema".into(),
+            step: None,
             evidence: "e".into(),
         };
         Transcript {

@@ -226,6 +226,15 @@ pub fn trace_page(page: &TracePage) -> String {
             }
             body.push_str("</code></p>");
         }
+        if let Some(step) = l.step {
+            let _ = write!(body, "<p>first shows at step {step}");
+            if let Some(agent) = &l.agent {
+                body.push_str(" (agent <code>");
+                escape_into(&mut body, agent);
+                body.push_str("</code>)");
+            }
+            body.push_str("</p>");
+        }
         body.push_str("</div>");
     }
     body.push_str("<div class=\"grid\">");
@@ -276,6 +285,7 @@ fn verdict_card(
         Some(Verdict::Deficiency {
             deficiency_id,
             component,
+            step,
             evidence,
         }) => {
             out.push_str("<p>type ");
@@ -294,6 +304,13 @@ fn verdict_card(
                 label.and_then(|l| component_right(a.verdict.as_ref(), l)),
             );
             out.push_str("</p>");
+            if let Some(step) = step {
+                let _ = write!(out, "<p>first shows at step {step}");
+                if let Some(truth) = label.and_then(|l| l.step) {
+                    mark(out, Some((step - truth).abs() <= 1));
+                }
+                out.push_str("</p>");
+            }
             if !evidence.is_empty() {
                 out.push_str("<p>evidence</p>");
                 html::value_into(out, evidence);

@@ -91,6 +91,7 @@ fn p16() -> Verdict {
     Verdict::Deficiency {
         deficiency_id: "P16".into(),
         component: "tools.schema".into(),
+        step: None,
         evidence: "table_lookup fails <validate> twice".into(),
     }
 }
@@ -197,6 +198,7 @@ fn evaluation_page_marks_verdicts_against_the_label_side_by_side() {
     let wrong = Verdict::Deficiency {
         deficiency_id: "C3".into(),
         component: "tools.output".into(),
+        step: None,
         evidence: "guess".into(),
     };
     let answers = [

@@ -20,8 +20,8 @@ struct Probe {
 
 const PROBES: &[Probe] = &[
     Probe {
-        thought: "Start with the trace's shape: size, errors, steps and the mix of span kinds.",
-        call: "sql: SELECT span_count, error_count, COALESCE(max_step, 0) AS max_step,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'tool') AS tool_spans,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'llm') AS llm_spans\nFROM traces WHERE trace_id = {T}",
+        thought: "Start with the trace's shape: size, errors, steps and the mix of span kinds, and the steps where the model is first called and where the first error shows.",
+        call: "sql: SELECT span_count, error_count, COALESCE(max_step, 0) AS max_step,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'tool') AS tool_spans,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'llm') AS llm_spans,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND kind = 'llm'), -1) AS first_llm_step,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND is_error = 1), -1) AS first_error_step\nFROM traces WHERE trace_id = {T}",
         count_as: None,
     },
     Probe {
@@ -329,15 +329,33 @@ impl ExpertPolicy {
         h
     }
 
+    /// Where the deficiency first shows: the step of the first error when the run has one, else
+    /// the step after the first model call — without an error, the first request looks like a
+    /// healthy run's, and the run departs where the model reacts to what came back (chosen on
+    /// a corpus's train split over the first-call step itself; BENCHMARKS.md). Empty when the
+    /// trace records no steps.
+    fn at_step(&self) -> String {
+        let step = |k: &str| self.text(k).parse::<i64>().ok().filter(|s| *s >= 0);
+        let first = if self.num("error_count") > 0 {
+            step("first_error_step").or_else(|| step("first_step"))
+        } else {
+            None
+        };
+        first
+            .or_else(|| step("first_llm_step").map(|s| s + 1))
+            .map_or(String::new(), |s| format!(" @step {s}"))
+    }
+
     fn verdict(&self) -> String {
+        let at = self.at_step();
         match self.hypotheses().first() {
             Some((_, id, component, why)) => {
                 let others: Vec<String> = self.hypotheses().iter().skip(1).take(2).map(|(s, id, _, _)| format!("{id} ({s})")).collect();
                 let note = if others.is_empty() { String::new() } else { format!(" Weaker candidates: {}.", others.join(", ")) };
-                format!("The measurements point to {id}.{note}\nanswer: {id} {component} | {why}")
+                format!("The measurements point to {id}.{note}\nanswer: {id} {component}{at} | {why}")
             }
             None if self.num("error_count") > 0 => format!(
-                "No specific signature fired; the run failed on its first unrecovered error.\nanswer: C5 orchestrator.fallback | {} error span(s) and no retry or alternative path",
+                "No specific signature fired; the run failed on its first unrecovered error.\nanswer: C5 orchestrator.fallback{at} | {} error span(s) and no retry or alternative path",
                 self.num("error_count")
             ),
             None => "No error and no structural signature fired: the run looks healthy.\nanswer: none | no errors, no repetition, no refusals".into(),

@@ -543,6 +543,7 @@ fn write_pages(
                         .map(|p| detect::Verdict::Deficiency {
                             deficiency_id: p.deficiency_id.clone(),
                             component: p.component.clone(),
+                            step: p.step,
                             evidence: String::new(),
                         }),
                     outcome: case.outcome.clone(),
