@@ -355,6 +355,10 @@ pub struct HigherOrderConfig {
     /// gradient steps and their size.
     pub epochs: usize,
     pub lr: f64,
+    /// With the decision head, also keep the live traces it named right, so that the review
+    /// weighs the live traces as they came (a mean over all of them) instead of its misses
+    /// alone, whose mean gives each miss the weight of many train traces.
+    pub keep_named: bool,
 }
 
 impl Default for HigherOrderConfig {
@@ -365,6 +369,7 @@ impl Default for HigherOrderConfig {
             buffer: 32,
             epochs: 10,
             lr: 0.02,
+            keep_named: false,
         }
     }
 }

@@ -1023,6 +1023,8 @@ impl Trainer {
         let mut new_head_failures: Vec<head::Failure> = Vec::new();
         let mut investigated = 0usize;
         let (mut healthy, mut healthy_flagged) = (0usize, 0usize);
+        // With `keep_named`, every live trace is kept for the review, not only the misses.
+        let keep_named = self.config.higher_order.keep_named;
         let mut chosen_types = Vec::new();
         let mut log = String::new();
         for (i, e) in episodes.iter().enumerate() {
@@ -1078,10 +1080,10 @@ impl Trainer {
                     {
                         // A whole-choice failure (higher-order example): the head's greedy
                         // answer is wrong (the choices above are sampled), and the head has a
-                        // class for the truth.
+                        // class for the truth; with `keep_named`, a right answer is kept too.
                         let answered = h.type_model.predict(features);
                         let class = h.types.iter().position(|t| *t == truth.deficiency);
-                        if let Some(class) = class.filter(|c| *c != answered) {
+                        if let Some(class) = class.filter(|c| keep_named || *c != answered) {
                             new_head_failures.push(head::Failure {
                                 features: features.clone(),
                                 class,
@@ -1149,7 +1151,7 @@ impl Trainer {
                         let answered = h.type_model.predict(features);
                         let class = h.types.iter().position(|t| *t == truth.deficiency);
                         healthy_flagged += usize::from(Some(answered) != class);
-                        if let Some(class) = class.filter(|c| *c != answered) {
+                        if let Some(class) = class.filter(|c| keep_named || *c != answered) {
                             new_head_failures.push(head::Failure {
                                 features: features.clone(),
                                 class,
