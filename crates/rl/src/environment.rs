@@ -70,12 +70,25 @@ struct HealthyKey {
     task: String,
 }
 
+/// The records of a JSON Lines file of the corpus, a bad line named with its number.
+fn read_records<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(path).map_err(|e| RlError::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line).map_err(|e| {
+                RlError::Environment(format!("{}: line {}: {e}", path.display(), i + 1))
+            })
+        })
+        .collect()
+}
+
 impl CorpusPrior {
     /// Reads `CORPUS/corpus.jsonl` (one record per validated episode, with its split) and, when
     /// the corpus has one, `CORPUS/healthy.jsonl` (its healthy traces).
     pub fn read(corpus: &Path, held_out_split: &str, validated_only: bool) -> Result<CorpusPrior> {
-        let path = corpus.join("corpus.jsonl");
-        let text = std::fs::read_to_string(&path).map_err(|e| RlError::io(&path, e))?;
+        let records: Vec<RecordKey> = read_records(&corpus.join("corpus.jsonl"))?;
         let mut prior = CorpusPrior {
             held_out: BTreeSet::new(),
             in_corpus: BTreeSet::new(),
@@ -86,26 +99,13 @@ impl CorpusPrior {
         let held_out = |split: &str| held_out_split.split('+').any(|s| s == split);
         let healthy = corpus.join("healthy.jsonl");
         if healthy.is_file() {
-            let text = std::fs::read_to_string(&healthy).map_err(|e| RlError::io(&healthy, e))?;
-            for (i, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let r: HealthyKey = serde_json::from_str(line).map_err(|e| {
-                    RlError::Environment(format!("{}: line {}: {e}", healthy.display(), i + 1))
-                })?;
+            for r in read_records::<HealthyKey>(&healthy)? {
                 if held_out(&r.split) {
                     prior.held_out_healthy.insert((r.agent, r.task));
                 }
             }
         }
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let r: RecordKey = serde_json::from_str(line).map_err(|e| {
-                RlError::Environment(format!("{}: line {}: {e}", path.display(), i + 1))
-            })?;
+        for r in records {
             if let Some(v) = &mut prior.validated {
                 v.insert((r.agent.clone(), r.deficiency.clone(), r.variant.clone()));
             }

@@ -960,15 +960,8 @@ impl Trainer {
                 if manifest.validation.valid {
                     let trace_id = format!("t{step:05}{i:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
-                    if let Some((h, _)) = &self.heads {
-                        let (detections, choices) =
-                            self.investigate_head(&detector, h, &trace_id, step, i)?;
-                        episodes[i].detections.extend(detections);
-                        episodes[i].head_choices.extend(choices);
-                    } else {
-                        let detections = self.investigate_tokens(&detector, &trace_id, step, i)?;
-                        episodes[i].detections.extend(detections);
-                    }
+                    (episodes[i].detections, episodes[i].head_choices) =
+                        self.investigate(&detector, &trace_id, step, i)?;
                     let pair = (manifest.agent.clone(), manifest.task.clone());
                     let show = clean.filter(|_| {
                         healthy_pairs.len() < self.config.run.healthy_per_step
@@ -979,16 +972,8 @@ impl Trainer {
                         // Its randomness is drawn after the step's injected traces' (n + i).
                         let trace_id = format!("h{step:05}{i:02}");
                         environment::import_healthy(&mut store, &clean, &manifest, &trace_id)?;
-                        if let Some((h, _)) = &self.heads {
-                            let (detections, choices) =
-                                self.investigate_head(&detector, h, &trace_id, step, n + i)?;
-                            episodes[i].healthy.extend(detections);
-                            episodes[i].healthy_choices.extend(choices);
-                        } else {
-                            let detections =
-                                self.investigate_tokens(&detector, &trace_id, step, n + i)?;
-                            episodes[i].healthy.extend(detections);
-                        }
+                        (episodes[i].healthy, episodes[i].healthy_choices) =
+                            self.investigate(&detector, &trace_id, step, n + i)?;
                         healthy_pairs.push(pair);
                     }
                 }
@@ -1078,18 +1063,7 @@ impl Trainer {
                     if let (Some((h, _)), Some((features, _, _))) =
                         (&self.heads, e.head_choices.first())
                     {
-                        // A whole-choice failure (higher-order example): the head's greedy
-                        // answer is wrong (the choices above are sampled), and the head has a
-                        // class for the truth; with `keep_named`, a right answer is kept too.
-                        let answered = h.type_model.predict(features);
-                        let class = h.types.iter().position(|t| *t == truth.deficiency);
-                        if let Some(class) = class.filter(|c| keep_named || *c != answered) {
-                            new_head_failures.push(head::Failure {
-                                features: features.clone(),
-                                class,
-                                answered,
-                            });
-                        }
+                        new_head_failures.extend(review_example(h, features, &truth, keep_named).0);
                     }
                     // One higher-order example per trace: its other investigations' failures
                     // would be near copies.
@@ -1148,16 +1122,9 @@ impl Trainer {
                     if let (Some((h, _)), Some((features, _, _))) =
                         (&self.heads, e.healthy_choices.first())
                     {
-                        let answered = h.type_model.predict(features);
-                        let class = h.types.iter().position(|t| *t == truth.deficiency);
-                        healthy_flagged += usize::from(Some(answered) != class);
-                        if let Some(class) = class.filter(|c| keep_named || *c != answered) {
-                            new_head_failures.push(head::Failure {
-                                features: features.clone(),
-                                class,
-                                answered,
-                            });
-                        }
+                        let (example, named) = review_example(h, features, &truth, keep_named);
+                        healthy_flagged += usize::from(!named);
+                        new_head_failures.extend(example);
                     } else {
                         healthy_flagged +=
                             usize::from(d.deficiency.as_deref() != Some(truth.deficiency.as_str()));
@@ -1352,6 +1319,29 @@ impl Trainer {
         Ok(out)
     }
 
+    /// A live trace's investigations: through the decision head when the run has one (with
+    /// each choice's features, class and log-probability), else token by token. `i` places
+    /// the investigation's randomness among the step's.
+    #[allow(clippy::type_complexity)]
+    fn investigate(
+        &self,
+        detector: &detect::Detector,
+        trace_id: &str,
+        step: u64,
+        i: usize,
+    ) -> Result<(
+        Vec<(Detection, Conversation, detect::Transcript)>,
+        Vec<(Vec<f32>, usize, f32)>,
+    )> {
+        match &self.heads {
+            Some((h, _)) => self.investigate_head(detector, h, trace_id, step, i),
+            None => Ok((
+                self.investigate_tokens(detector, trace_id, step, i)?,
+                Vec::new(),
+            )),
+        }
+    }
+
     /// One investigation of a live trace with the probe battery and the decision head, then
     /// `samples_per_trace` choices sampled from the head's distribution over the same
     /// features (the battery is deterministic; only the choice is random). Returns each
@@ -1514,6 +1504,29 @@ impl Trainer {
         };
         Ok(Some(HeadUpdate { ppo: stats, review }))
     }
+}
+
+/// The head's higher-order example for a live trace (§5.5): its features and true class when
+/// the greedy answer is wrong (the investigation's choices are sampled), or with `keep_named`
+/// whatever it answered; none when the head has no class for the truth. Also whether the
+/// greedy answer named the truth.
+fn review_example(
+    h: &DecisionHead,
+    features: &[f32],
+    truth: &reward::Truth,
+    keep_named: bool,
+) -> (Option<head::Failure>, bool) {
+    let answered = h.type_model.predict(features);
+    let class = h.types.iter().position(|t| *t == truth.deficiency);
+    let named = class == Some(answered);
+    let example = class
+        .filter(|_| keep_named || !named)
+        .map(|class| head::Failure {
+            features: features.to_vec(),
+            class,
+            answered,
+        });
+    (example, named)
 }
 
 /// A uniform number in [0, 1) from a mixed 64-bit value.

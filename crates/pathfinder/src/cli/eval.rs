@@ -217,7 +217,11 @@ fn store_charts(reports: &[StoreReport]) -> Vec<(&'static str, BarChart)> {
 }
 
 /// Fits the classifier detector on `--train-split` (or `train.jsonl` beside `--split`).
-fn fit_classifier(db: &Path, args: &EvalArgs) -> Result<::eval::classifier::Classifier> {
+fn fit_classifier(
+    db: &Path,
+    args: &EvalArgs,
+    catalog: &taxonomy::Catalog,
+) -> Result<::eval::classifier::Classifier> {
     let path = match (&args.train_split, &args.split) {
         (Some(p), _) => p.clone(),
         (None, Some(split)) => split.with_file_name("train.jsonl"),
@@ -228,9 +232,7 @@ fn fit_classifier(db: &Path, args: &EvalArgs) -> Result<::eval::classifier::Clas
     let ids = store_eval::read_split(&path)?;
     let train = match &args.labels {
         Some(labels) => {
-            let catalog =
-                taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
-            let read = store_eval::read_labels(labels, db, &catalog, Some(&ids))
+            let read = store_eval::read_labels(labels, db, catalog, Some(&ids))
                 .with_context(|| format!("the classifier's train split {}", path.display()))?;
             if let Some(id) = read.unknown.first() {
                 bail!(
@@ -439,7 +441,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                 }
                 Named::Classifier => {
                     bar.set_message(format!("{detector}: fitting on the train split"));
-                    fit_classifier(db, args).and_then(|c| {
+                    fit_classifier(db, args, &catalog).and_then(|c| {
                         let c = std::sync::Arc::new(c);
                         store_eval::run_policies_transcribed(
                             db,
