@@ -5,6 +5,7 @@
 //! compares their traces on stable features, asks the keyword baseline whether it names the
 //! type, and publishes validated episodes as a store, manifests, splits, JSON Lines and Parquet.
 
+pub mod chatlogs;
 pub mod confusability;
 pub mod departure;
 pub mod features;

@@ -2,7 +2,9 @@
 //! imported into a temporary store, and a blame baseline names the responsible agent and step
 //! of each log.
 //!
-//! The baseline, `first-error`, is a non-learned heuristic: walk the turns in order (skipping
+//! Detectors: `expert` (the scripted investigator's blame probes over the log imported as a
+//! trace, `detect::policies`), a trained checkpoint (through [`evaluate_with`]), and the
+//! baseline `first-error`, a non-learned heuristic: walk the turns in order (skipping
 //! the human's task statement) and find the first turn that failed — a code-execution turn
 //! with a non-zero exit code, or a turn whose text carries an error or failure word. A failed
 //! code execution is blamed on the agent turn before it (the one that wrote the code); any
@@ -18,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::metrics::BlameCase;
 
 /// The blame detectors implemented.
-pub const BLAME_DETECTORS: &[&str] = &["first-error"];
+pub const BLAME_DETECTORS: &[&str] = &["first-error", "expert"];
 
 /// Words that mark a failing turn (matched case-insensitively on word boundaries).
 const FAILURE_WORDS: &[&str] = &[
@@ -116,20 +118,18 @@ pub fn log_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Imports every log under `dir` into a temporary store and blames each labelled one with
-/// `detector`. Logs without a label are skipped; a log that does not parse stops the run with
-/// the importer's error (file and JSON path).
-pub fn evaluate(
-    dir: &Path,
-    detector: &str,
-    mut on_done: impl FnMut(&BlameCase),
-) -> Result<Vec<BlameCase>> {
-    if !BLAME_DETECTORS.contains(&detector) {
-        return Err(Error::Detector(format!(
-            "`{detector}` cannot blame chat logs; chat-log detectors: {} (keyword and expert name deficiency types, not agents and steps)",
-            BLAME_DETECTORS.join(", ")
-        )));
-    }
+/// Chat logs imported into a scratch store, with the labelled ones listed.
+pub struct Imported {
+    /// Holds the store; removed when dropped.
+    _scratch: tempfile::TempDir,
+    pub db: PathBuf,
+    /// Labelled logs in file order: trace id, source file, label.
+    pub logs: Vec<(String, String, traces::Label)>,
+}
+
+/// Imports every log under `dir` into a scratch store. Logs without a label are skipped; a log
+/// that does not parse stops the run with the importer's error (file and JSON path).
+pub fn import(dir: &Path) -> Result<Imported> {
     let files = log_files(dir)?;
     let scratch = tempfile::tempdir().map_err(|cause| Error::Io {
         path: std::env::temp_dir(),
@@ -141,7 +141,7 @@ pub fn evaluate(
         cause: Box::new(source),
     };
     let mut store = traces::Store::open(&db).map_err(store_err)?;
-    let mut cases = Vec::new();
+    let mut logs = Vec::new();
     for file in &files {
         let report = store
             .import_file(file, traces::Format::Chatlog)
@@ -149,28 +149,17 @@ pub fn evaluate(
                 cause: Box::new(cause),
             })?;
         for trace_id in &report.trace_ids {
-            let Some(label) = store
+            if let Some(label) = store
                 .labels(trace_id)
                 .map_err(store_err)?
                 .into_iter()
                 .find(|l| l.agent.is_some() || l.step.is_some())
-            else {
-                continue;
-            };
-            let mut turns = store.spans(trace_id).map_err(store_err)?;
-            turns.sort_by_key(|s| s.step);
-            let case = BlameCase {
-                trace_id: trace_id.clone(),
-                source: file.display().to_string(),
-                truth_agent: label.agent,
-                truth_step: label.step,
-                predicted: first_error(&turns),
-            };
-            on_done(&case);
-            cases.push(case);
+            {
+                logs.push((trace_id.clone(), file.display().to_string(), label));
+            }
         }
     }
-    if cases.is_empty() {
+    if logs.is_empty() {
         return Err(Error::Nothing {
             path: dir.to_path_buf(),
             reason: format!(
@@ -178,6 +167,127 @@ pub fn evaluate(
                 files.len()
             ),
         });
+    }
+    Ok(Imported {
+        _scratch: scratch,
+        db,
+        logs,
+    })
+}
+
+/// Blames each labelled log under `dir` with a built-in detector: `first-error` (no tool
+/// calls), or `expert` (its blame probes, then `answer: agent NAME step N`).
+pub fn evaluate(
+    dir: &Path,
+    detector: &str,
+    on_done: impl FnMut(&BlameCase),
+) -> Result<Vec<BlameCase>> {
+    if !BLAME_DETECTORS.contains(&detector) {
+        return Err(Error::Detector(format!(
+            "`{detector}` cannot blame chat logs; chat-log detectors: {}, or a checkpoint",
+            BLAME_DETECTORS.join(", ")
+        )));
+    }
+    let imported = import(dir)?;
+    if detector == "first-error" {
+        return first_error_cases(&imported, on_done);
+    }
+    evaluate_with(
+        &imported,
+        detect::Config::default(),
+        |_| detect::policies::by_name(detector).map_err(Error::Detector),
+        |_, _| {},
+        on_done,
+    )
+}
+
+impl Imported {
+    /// A log's turns in step order.
+    fn turns(&self, store: &traces::Store, trace_id: &str) -> Result<Vec<Span>> {
+        let mut turns = store.spans(trace_id).map_err(|source| Error::Store {
+            path: self.db.clone(),
+            cause: Box::new(source),
+        })?;
+        turns.sort_by_key(|s| s.step);
+        Ok(turns)
+    }
+
+    fn store(&self) -> Result<traces::Store> {
+        traces::Store::open_read_only(&self.db).map_err(|source| Error::Store {
+            path: self.db.clone(),
+            cause: Box::new(source),
+        })
+    }
+}
+
+/// A log's case: its label and what was predicted.
+fn case(
+    (trace_id, source, label): &(String, String, traces::Label),
+    predicted: Option<(String, i64)>,
+) -> BlameCase {
+    BlameCase {
+        trace_id: trace_id.clone(),
+        source: source.clone(),
+        truth_agent: label.agent.clone(),
+        truth_step: label.step,
+        predicted,
+    }
+}
+
+fn first_error_cases(
+    imported: &Imported,
+    mut on_done: impl FnMut(&BlameCase),
+) -> Result<Vec<BlameCase>> {
+    let store = imported.store()?;
+    let mut cases = Vec::new();
+    for log in &imported.logs {
+        let turns = imported.turns(&store, &log.0)?;
+        let case = case(log, first_error(&turns));
+        on_done(&case);
+        cases.push(case);
+    }
+    Ok(cases)
+}
+
+/// Investigates each imported log with a fresh policy from `make_policy` (the Detector's tools
+/// over the log imported as a trace) and reads its blame: `answer: agent NAME step N`, or a
+/// deficiency answer `@step N` (blamed on the agent of that turn). No answer is a miss.
+pub fn evaluate_with(
+    imported: &Imported,
+    config: detect::Config,
+    mut make_policy: impl FnMut(&str) -> Result<Box<dyn detect::Policy>>,
+    mut on_transcript: impl FnMut(&BlameCase, &detect::Transcript),
+    mut on_done: impl FnMut(&BlameCase),
+) -> Result<Vec<BlameCase>> {
+    let detector = detect::Detector::new(imported.db.clone(), config, false)
+        .map_err(|e| Error::Detector(format!("starting the detector: {e}")))?;
+    let store = imported.store()?;
+    let mut cases = Vec::new();
+    for log in &imported.logs {
+        let trace_id = &log.0;
+        let policy = make_policy(trace_id)?;
+        let transcript = detector
+            .investigate(trace_id, policy)
+            .map_err(|cause| Error::Detect {
+                trace_id: trace_id.clone(),
+                cause: Box::new(cause),
+            })?;
+        let predicted = match transcript.verdict() {
+            Some(detect::Verdict::Blame { agent, step, .. }) => Some((agent.clone(), *step)),
+            Some(detect::Verdict::Deficiency {
+                step: Some(step), ..
+            }) => imported
+                .turns(&store, trace_id)?
+                .into_iter()
+                .find(|s| s.step == Some(*step))
+                .and_then(|s| s.agent_name)
+                .map(|agent| (agent, *step)),
+            _ => None,
+        };
+        let case = case(log, predicted);
+        on_transcript(&case, &transcript);
+        on_done(&case);
+        cases.push(case);
     }
     Ok(cases)
 }

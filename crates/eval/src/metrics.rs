@@ -308,13 +308,15 @@ pub struct BlameSummary {
     pub tolerance: u64,
 }
 
-/// Agent names are compared exactly after trimming (the datasets spell them consistently).
+/// Agent names are compared case-insensitively with `_` for spaces: an answer names the agent
+/// in one word (`answer: agent Data_Analyst step 3`).
 pub fn agent_correct(case: &BlameCase) -> Option<bool> {
     let truth = case.truth_agent.as_deref()?;
+    let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
     Some(
         case.predicted
             .as_ref()
-            .is_some_and(|(agent, _)| agent.trim() == truth.trim()),
+            .is_some_and(|(agent, _)| norm(agent) == norm(truth)),
     )
 }
 
@@ -326,6 +328,43 @@ pub fn step_within(case: &BlameCase, tolerance: u64) -> Option<bool> {
             .as_ref()
             .is_some_and(|(_, step)| step.abs_diff(truth) <= tolerance),
     )
+}
+
+/// Paired differences of two blame runs over the same logs, `other − base` (matched by trace
+/// id), for the agent, the exact step and the step within the tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlameDifference {
+    pub base: String,
+    pub other: String,
+    pub agent: Option<Estimate>,
+    pub step_exact: Option<Estimate>,
+    pub step_within: Option<Estimate>,
+}
+
+pub fn blame_difference(
+    (base_name, base): (&str, &[BlameCase]),
+    (other_name, other): (&str, &[BlameCase]),
+    tolerance: u64,
+    b: &Bootstrap,
+) -> BlameDifference {
+    let by_id: BTreeMap<&str, &BlameCase> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
+    let diff = |score: &dyn Fn(&BlameCase) -> Option<bool>| {
+        let d: Vec<f64> = other
+            .iter()
+            .filter_map(|o| {
+                let (x, y) = (score(by_id.get(o.trace_id.as_str())?)?, score(o)?);
+                Some(f64::from(u8::from(y)) - f64::from(u8::from(x)))
+            })
+            .collect();
+        bootstrap::mean(&d, b)
+    };
+    BlameDifference {
+        base: base_name.to_string(),
+        other: other_name.to_string(),
+        agent: diff(&agent_correct),
+        step_exact: diff(&|c| step_within(c, 0)),
+        step_within: diff(&|c| step_within(c, tolerance)),
+    }
 }
 
 pub fn summarise_blame(cases: &[BlameCase], tolerance: u64, b: &Bootstrap) -> BlameSummary {

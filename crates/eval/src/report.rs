@@ -175,8 +175,13 @@ pub fn store_markdown(r: &StoreReport) -> String {
 
 pub fn chatlog_markdown(r: &ChatlogReport) -> String {
     let s = &r.summary;
+    let how = match r.detector.as_str() {
+        "first-error" => "a non-learned heuristic: the first failing turn, a failed code execution blamed on the turn that wrote the code; no tool calls",
+        "expert" => "the scripted investigator: an SQL overview and a per-turn table (failures, made-up data, new facts that later turns and the final answer rely on), then one blame",
+        _ => "the Detector's tools over each log imported as a trace",
+    };
     let mut out = format!(
-        "# External traces: labelled chat logs\n\nDirectory: `{}`; logs: {}; detector: `{}` (a non-learned heuristic: the first failing turn, a failed code execution blamed on the turn that wrote the code; no tool calls).\n{}\n\n",
+        "# External traces: labelled chat logs\n\nDirectory: `{}`; logs: {}; detector: `{}` ({how}).\n{}\n\n",
         r.directory,
         s.logs,
         r.detector,
@@ -205,6 +210,37 @@ pub fn chatlog_markdown(r: &ChatlogReport) -> String {
             .as_ref()
             .map_or("(none)".to_string(), |(a, s)| format!("{a} step {s}"));
         out.push_str(&format!("| {} | {truth} | {predicted} |\n", c.source));
+    }
+    out
+}
+
+/// Paired differences between blame detectors on the same logs (points, with intervals).
+pub fn blame_differences_markdown(
+    diffs: &[crate::metrics::BlameDifference],
+    tolerance: u64,
+) -> String {
+    let mut out = format!(
+        "## Paired differences (same logs)\n\n| Detector − baseline | Agent | Step (exact) | Step (±{tolerance}) |\n|---|---|---|---|\n"
+    );
+    let pts = |e: &Option<Estimate>| match e {
+        Some(e) => format!(
+            "{:+.1} [{:+.1}, {:+.1}] (n = {})",
+            100.0 * e.value,
+            100.0 * e.lo,
+            100.0 * e.hi,
+            e.n
+        ),
+        None => "—".into(),
+    };
+    for d in diffs {
+        out.push_str(&format!(
+            "| {} − {} | {} | {} | {} |\n",
+            d.other,
+            d.base,
+            pts(&d.agent),
+            pts(&d.step_exact),
+            pts(&d.step_within)
+        ));
     }
     out
 }

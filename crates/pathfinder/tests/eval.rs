@@ -229,9 +229,41 @@ fn chatlog_eval_reports_the_three_external_metrics() {
 }
 
 #[test]
+fn the_expert_blames_every_chat_log_with_its_tools() {
+    let dir = who_and_when();
+    let stdout = run_ok(
+        &["eval", "--json", "--detector", "expert"],
+        &[("--chatlog", &dir)],
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["detector"], "expert");
+    assert_eq!(report["summary"]["logs"], 6);
+    // Every log gets an answer naming one of its own agents at one of its own turns.
+    for c in report["cases"].as_array().unwrap() {
+        let source = c["source"].as_str().unwrap();
+        let log: Value = serde_json::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
+        let history = log["history"].as_array().unwrap();
+        let (agent, step) = (
+            c["predicted"][0].as_str().expect("an answer"),
+            c["predicted"][1].as_i64().unwrap(),
+        );
+        let turn = &history[step as usize];
+        let name = turn["name"]
+            .as_str()
+            .or(turn["role"].as_str())
+            .unwrap()
+            .split(" (")
+            .next()
+            .unwrap()
+            .replace(' ', "_");
+        assert_eq!(agent, name, "{source}: step {step}");
+    }
+}
+
+#[test]
 fn chatlog_refuses_detectors_and_switches_that_do_not_apply() {
     let dir = who_and_when();
-    for extra in [&["--detector", "expert"][..], &["--no-sql"][..]] {
+    for extra in [&["--detector", "keyword"][..], &["--no-sql"][..]] {
         let out = pathfinder()
             .args(["eval", "--chatlog"])
             .arg(&dir)

@@ -13,6 +13,8 @@
 //! - [`demonstration`]: an expert transcript rewritten as the learned Detector's conversation
 //!   (supervised warm start).
 //! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
+//! - [`blame`]: a model's blame on a multi-agent chat log: the expert's per-turn measurements,
+//!   then one choice among the log's turns.
 //! - [`baseline`]: the one-prompt Detector of the zero-shot and RAG baselines (the bare base
 //!   model reads the trace as text and answers once, under the answer-only grammar).
 //!
@@ -21,6 +23,7 @@
 //! re-tokenisation of generated text); depends on `model`, `detect` and `taxonomy`.
 
 pub mod baseline;
+pub mod blame;
 pub mod chat;
 pub mod decision;
 pub mod demonstration;

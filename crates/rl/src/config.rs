@@ -359,6 +359,22 @@ pub struct HigherOrderConfig {
     /// weighs the live traces as they came (a mean over all of them) instead of its misses
     /// alone, whose mean gives each miss the weight of many train traces.
     pub keep_named: bool,
+    /// With the decision head, how the review weighs the live examples against the train
+    /// split: `set` (two means, so the live examples together weigh as much as the whole train
+    /// split) or `example` (one mean over both, so a live trace weighs as much as a train trace:
+    /// the live traces grow the train set instead of outweighing it).
+    pub weighting: ReviewWeighting,
+}
+
+/// How the decision head's review weighs its live examples ([`crate::head::review`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewWeighting {
+    /// The live examples' mean plus the train split's mean.
+    #[default]
+    Set,
+    /// One mean over the live examples and the train split together.
+    Example,
 }
 
 impl Default for HigherOrderConfig {
@@ -370,6 +386,7 @@ impl Default for HigherOrderConfig {
             epochs: 10,
             lr: 0.02,
             keep_named: false,
+            weighting: ReviewWeighting::Set,
         }
     }
 }

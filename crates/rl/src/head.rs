@@ -28,6 +28,7 @@ use policy::decision::{self, DecisionHead};
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
+use crate::config::ReviewWeighting;
 use crate::{Result, RlError};
 
 /// The language model's features of every battery (see [`policy::decision::features`]).
@@ -247,6 +248,7 @@ pub struct Review {
     pub lr: f64,
     pub epochs: usize,
     pub l2: f64,
+    pub weighting: ReviewWeighting,
 }
 
 /// What a review update did: the failures' and the anchor's top-1 accuracy and mean NLL
@@ -273,7 +275,10 @@ pub struct ReviewStats {
 ///
 /// with F the failures and A the anchor (the train split, with its labels): the two means
 /// weigh the failures as much as everything the warm start fitted, and the anchor keeps
-/// that fit while the head takes in what it missed.
+/// that fit while the head takes in what it missed. With [`ReviewWeighting::Example`] the loss
+/// is one mean over F ∪ A instead (each gradient divided by |F| + |A|): a live example weighs
+/// what a train trace weighs, so the live stream grows the train set rather than outweighing
+/// it (with 10–20 misses, the two means give each miss the weight of 15–30 train traces).
 pub fn review(
     head: &mut Softmax,
     failures: &[Failure],
@@ -316,10 +321,14 @@ pub fn review(
     for _ in 0..cfg.epochs {
         let mut gw = vec![0f32; k * d];
         let mut gb = vec![0f32; k];
-        for (set, weight) in [
-            (&zf, 1.0 / zf.len() as f32),
-            (&za, 1.0 / za.len().max(1) as f32),
-        ] {
+        let (wf, wa) = match cfg.weighting {
+            ReviewWeighting::Set => (1.0 / zf.len() as f32, 1.0 / za.len().max(1) as f32),
+            ReviewWeighting::Example => {
+                let w = 1.0 / (zf.len() + za.len()) as f32;
+                (w, w)
+            }
+        };
+        for (set, weight) in [(&zf, wf), (&za, wa)] {
             for (z, y) in set.iter() {
                 let mut lp = head.logits_z(z);
                 linear::log_softmax(&mut lp);
@@ -533,6 +542,7 @@ mod tests {
             lr: 0.5,
             epochs: 30,
             l2: 0.0,
+            weighting: ReviewWeighting::Set,
         };
         let stats = review(&mut h, &failures, &anchor, &cfg);
         assert_eq!(stats.failures, 1);
@@ -549,42 +559,52 @@ mod tests {
     }
 
     #[test]
-    fn the_review_gradient_matches_finite_differences() {
+    fn the_review_gradient_matches_finite_differences_for_both_weightings() {
         let mut h = head(3, 2);
         h.weight = vec![0.3, -0.1, 0.2, 0.4, -0.5, 0.1];
         h.bias = vec![0.1, -0.2, 0.05];
-        let ax = vec![0.5f32, -1.0];
+        // One failure and two anchor traces, so the two weightings differ.
+        let (a0, a1) = (vec![0.5f32, -1.0], vec![-0.3f32, 0.7]);
         let failures = vec![Failure {
             features: vec![1.0, 2.0],
             class: 2,
             answered: 0,
         }];
-        let loss = |m: &Softmax| -> f64 {
-            -(m.log_probs(&failures[0].features)[2] as f64) - m.log_probs(&ax)[1] as f64
-        };
-        // One step of size lr moves each parameter by −lr·∂L/∂θ (l2 = 0).
-        let lr = 1e-3;
-        let mut stepped = h.clone();
-        review(
-            &mut stepped,
-            &failures,
-            &[(&ax, 1)],
-            &Review {
-                lr,
-                epochs: 1,
-                l2: 0.0,
-            },
-        );
-        for i in 0..h.weight.len() {
-            let (mut up, mut down) = (h.clone(), h.clone());
-            up.weight[i] += 1e-3;
-            down.weight[i] -= 1e-3;
-            let numeric = (loss(&up) - loss(&down)) / 2e-3;
-            let analytic = (h.weight[i] - stepped.weight[i]) as f64 / lr;
-            assert!(
-                (analytic - numeric).abs() < 2e-2,
-                "w{i}: {analytic} vs {numeric}"
+        let nll = |m: &Softmax, x: &[f32], y: usize| -(m.log_probs(x)[y] as f64);
+        for weighting in [ReviewWeighting::Set, ReviewWeighting::Example] {
+            let loss = |m: &Softmax| -> f64 {
+                let f = nll(m, &failures[0].features, 2);
+                let a = nll(m, &a0, 1) + nll(m, &a1, 0);
+                match weighting {
+                    ReviewWeighting::Set => f + a / 2.0,
+                    ReviewWeighting::Example => (f + a) / 3.0,
+                }
+            };
+            // One step of size lr moves each parameter by −lr·∂L/∂θ (l2 = 0).
+            let lr = 1e-3;
+            let mut stepped = h.clone();
+            review(
+                &mut stepped,
+                &failures,
+                &[(&a0, 1), (&a1, 0)],
+                &Review {
+                    lr,
+                    epochs: 1,
+                    l2: 0.0,
+                    weighting,
+                },
             );
+            for i in 0..h.weight.len() {
+                let (mut up, mut down) = (h.clone(), h.clone());
+                up.weight[i] += 1e-3;
+                down.weight[i] -= 1e-3;
+                let numeric = (loss(&up) - loss(&down)) / 2e-3;
+                let analytic = (h.weight[i] - stepped.weight[i]) as f64 / lr;
+                assert!(
+                    (analytic - numeric).abs() < 2e-2,
+                    "{weighting:?} w{i}: {analytic} vs {numeric}"
+                );
+            }
         }
     }
 }

@@ -1489,6 +1489,7 @@ impl Trainer {
                 lr: ho.lr,
                 epochs: ho.epochs,
                 l2: self.config.head.l2,
+                weighting: ho.weighting,
             };
             let r = head::review(&mut h.type_model, failed, &anchor, &cfg);
             tracing::info!(

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::episode::{Policy, View};
+use crate::policies::blame;
 use crate::policies::{one_row, quote};
 
 /// One measurement: why, and the call (with `{T}` for the quoted trace id).
@@ -80,11 +81,16 @@ pub struct ExpertPolicy {
     next_probe: usize,
     delegated: bool,
     awaiting: Option<Pending>,
+    /// On a chat log: the blame probes made so far, and the per-turn table read back.
+    blame_calls: usize,
+    turns: Vec<blame::Turn>,
 }
 
 enum Pending {
     Probe(usize),
     Delegate,
+    BlameOverview,
+    BlameTurns,
 }
 
 impl ExpertPolicy {
@@ -132,6 +138,46 @@ impl ExpertPolicy {
                     obs.lines().next().unwrap_or("").to_string(),
                 );
             }
+            Pending::BlameOverview => {
+                for (k, v) in one_row(obs) {
+                    self.features.insert(k, v);
+                }
+            }
+            Pending::BlameTurns => self.turns = blame::parse_turns(obs),
+        }
+    }
+
+    /// A chat log: the overview, the per-turn table, then `agent NAME step N` (see
+    /// [`blame`]).
+    fn act_blame(&mut self, view: &View<'_>) -> String {
+        let sql = view.system_prompt.contains("\nsql: ");
+        let bash = view.system_prompt.contains("\nbash: ");
+        if self.blame_calls == 0 && sql && view.turns_left > 2 {
+            self.blame_calls = 1;
+            self.awaiting = Some(Pending::BlameOverview);
+            return format!(
+                "A chat log: count its turns, agents, hand-offs and failed code executions.\n{}",
+                blame::OVERVIEW.replace("{T}", &quote(view.trace_id))
+            );
+        }
+        if self.blame_calls <= 1 && (sql || bash) && view.turns_left > 1 {
+            self.blame_calls = 2;
+            self.awaiting = Some(Pending::BlameTurns);
+            let call = if bash {
+                blame::turn_table_bash()
+            } else {
+                blame::turn_table_sql(view.trace_id)
+            };
+            return format!("Per turn: did it fail, does it make up data, which of its new facts do later turns and the final answer rely on?\n{call}");
+        }
+        match blame::blame(&self.turns) {
+            Some((agent, step, why)) => format!(
+                "{why}.\nanswer: agent {agent} step {step} | {why}; {} turns, {} agents, {} hand-offs",
+                self.num("turns"),
+                self.num("agents"),
+                self.num("handoffs")
+            ),
+            None => "No acting turn could be read from this log.\nanswer: none | no acting turn measured".into(),
         }
     }
 
@@ -370,6 +416,9 @@ impl Policy for ExpertPolicy {
 
     fn act(&mut self, view: &View<'_>) -> Result<String, String> {
         self.absorb(view);
+        if view.chatlog {
+            return Ok(self.act_blame(view));
+        }
         let sql = view.system_prompt.contains("\nsql: ");
         let bash = view.system_prompt.contains("\nbash: ");
         let delegation = view.system_prompt.contains("\ndelegate: ");

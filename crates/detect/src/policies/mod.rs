@@ -2,6 +2,7 @@
 //! [`ExpertPolicy`] (a scripted investigator whose transcripts are warm-start demonstrations).
 //! Both play the ordinary protocol: they see only observations of real tool calls.
 
+pub mod blame;
 mod expert;
 mod keyword;
 

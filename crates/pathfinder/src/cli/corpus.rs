@@ -21,6 +21,42 @@ pub struct CorpusArgs {
 enum Command {
     /// Generate (or resume) a corpus in OUT.
     Generate(GenerateArgs),
+    /// Write the corpus's multi-agent injected traces as labelled chat logs (Who&When format),
+    /// the decisive turn being where the injected run first departs from its clean run: a blame
+    /// set for `pathfinder eval --chatlog`.
+    Chatlogs(ChatlogsArgs),
+}
+
+#[derive(Debug, Args)]
+struct ChatlogsArgs {
+    /// A generated corpus (with corpus.jsonl and store.sqlite).
+    #[arg(long, value_name = "DIR")]
+    corpus: PathBuf,
+    /// Where the logs go, one TRACE_ID.json each.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Only this split's traces (train, val or test).
+    #[arg(long)]
+    split: Option<String>,
+}
+
+fn chatlogs(args: ChatlogsArgs) -> Result<()> {
+    if let Some(s) = &args.split {
+        if !["train", "val", "test"].contains(&s.as_str()) {
+            bail!("--split {s:?}: expected train, val or test");
+        }
+    }
+    let done = corpus::chatlogs::export(&args.corpus, &args.out, args.split.as_deref())
+        .with_context(|| format!("exporting chat logs from {}", args.corpus.display()))?;
+    println!(
+        "{} chat logs written to {}; left out: {} of other splits, {} without a departure visible in a chat log (none, or in token counts or length only), {} with fewer than two agents",
+        done.written,
+        args.out.display(),
+        done.other_split,
+        done.no_visible_departure,
+        done.single_agent
+    );
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -67,6 +103,7 @@ struct GenerateArgs {
 pub fn run(args: CorpusArgs) -> Result<()> {
     match args.command {
         Command::Generate(g) => generate(g),
+        Command::Chatlogs(c) => chatlogs(c),
     }
 }
 

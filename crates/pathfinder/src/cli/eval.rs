@@ -43,7 +43,10 @@ pub struct EvalArgs {
     /// keyword, expert, classifier (a linear reader of the probe digests, fitted on
     /// --train-split), zero-shot, rag or checkpoint:DIR (a training run's
     /// checkpoints/RUN/step-N) for --db; a comma-separated list compares them side by side, e.g.
-    /// keyword,expert,zero-shot,rag. first-error for --chatlog. Defaults to expert / first-error.
+    /// keyword,expert,zero-shot,rag. For --chatlog: first-error (a heuristic without tools),
+    /// expert (its blame probes over each log), zero-shot or checkpoint:DIR (the model chooses
+    /// among the turns after the expert's measurements); a list is compared pairwise against its
+    /// first. Defaults to expert / first-error.
     #[arg(long)]
     pub detector: Option<String>,
     /// The classifier detector's training traces (a split file of the same store) [default:
@@ -58,7 +61,7 @@ pub struct EvalArgs {
     /// The zero-shot and rag baselines' base model: a GGUF file, a Hugging Face directory or a
     /// known name from the model cache [default: smollm2-135m]. A checkpoint's base is named by
     /// its config.toml.
-    #[arg(long, requires = "db", value_name = "NAME_OR_PATH")]
+    #[arg(long, value_name = "NAME_OR_PATH")]
     pub model: Option<PathBuf>,
     /// The zero-shot and rag baselines' prompt budget in tokens (system prompt with the
     /// catalog, trace text and question); the trace text is cut to fit.
@@ -274,11 +277,12 @@ fn fit_classifier(
     Ok(fitted)
 }
 
-fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
+/// The comma-separated `--detector` list, or `default`.
+fn detector_list(args: &EvalArgs, default: &str) -> Result<Vec<String>> {
     let detectors: Vec<String> = args
         .detector
         .as_deref()
-        .unwrap_or("expert")
+        .unwrap_or(default)
         .split(',')
         .map(|d| d.trim().to_string())
         .filter(|d| !d.is_empty())
@@ -286,6 +290,11 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
     if detectors.is_empty() {
         bail!("--detector names no detector");
     }
+    Ok(detectors)
+}
+
+fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
+    let detectors = detector_list(args, "expert")?;
     let named = detectors
         .iter()
         .map(|d| Named::parse(d))
@@ -592,6 +601,42 @@ const SWITCHES: [&str; 5] = [
     "no-history",
 ];
 
+/// One chat-log detector's blame of every labelled log under `dir`: `first-error` and `expert`
+/// built in, `zero-shot` (the bare base model) and `checkpoint:DIR` (a trained Detector's
+/// adapter) choosing among the turns after the expert's measurements.
+fn blame_with(
+    dir: &Path,
+    detector: &str,
+    args: &EvalArgs,
+    on_done: impl FnMut(&metrics::BlameCase),
+) -> Result<Vec<metrics::BlameCase>> {
+    if chatlog::BLAME_DETECTORS.contains(&detector) {
+        return Ok(chatlog::evaluate(dir, detector, on_done)?);
+    }
+    match Named::parse(detector) {
+        Ok(Named::Checkpoint(ckpt)) => {
+            eval_models::check_checkpoint(&ckpt)?;
+            let imported = chatlog::import(dir)?;
+            eval_models::load_checkpoint(&ckpt)
+                .and_then(|trained| trained.blame(&imported, on_done))
+                .with_context(|| format!("detector {detector}"))
+        }
+        Ok(Named::ZeroShot) => {
+            let path = eval_models::baseline_model_path(args.model.as_deref())?;
+            let imported = chatlog::import(dir)?;
+            let pm = eval_models::load_baseline(&path)?;
+            let shared: policy::SharedModel = std::sync::Arc::new(std::sync::Mutex::new(pm));
+            Ok(eval_models::model_blame(
+                &imported, shared, None, "zero-shot", on_done,
+            )?)
+        }
+        _ => bail!(
+            "`{detector}` cannot blame chat logs; chat-log detectors: {}, zero-shot or checkpoint:DIR (keyword, rag and classifier name deficiency types, not agents and steps)",
+            chatlog::BLAME_DETECTORS.join(", ")
+        ),
+    }
+}
+
 fn run_chatlog(dir: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendered> {
     if args.split.is_some() {
         bail!("--split applies to --db stores, not to --chatlog directories");
@@ -599,51 +644,89 @@ fn run_chatlog(dir: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rend
     let (_, ablation_names) = ablations(&args.ablations);
     if !ablation_names.is_empty() {
         bail!(
-            "the ablation switches ({}) turn off Detector tools; the chat-log baseline uses none, so they do not apply to --chatlog",
+            "the ablation switches ({}) are not offered for --chatlog: first-error uses no tools and the expert's blame runs with its full tool set",
             ablation_names.join(", ")
         );
     }
-    let detector = args
-        .detector
-        .clone()
-        .unwrap_or_else(|| "first-error".into());
+    let detectors = detector_list(args, "first-error")?;
     let files = chatlog::log_files(dir)?;
-    let bar = progress(files.len(), "blaming");
-    let cases = chatlog::evaluate(dir, &detector, |_| bar.inc(1));
-    bar.finish_and_clear();
-    let cases = cases?;
-    let report = ChatlogReport {
-        directory: dir.display().to_string(),
-        detector,
-        bootstrap,
-        summary: metrics::summarise_blame(&cases, args.tolerance.unwrap_or(1), &bootstrap),
-        cases,
-    };
-    let s = &report.summary;
-    let bars: Vec<Bar> = [
-        estimate_bar("agent".into(), &s.agent),
-        estimate_bar("exact step".into(), &s.step_exact),
-        estimate_bar(format!("step ±{}", s.tolerance), &s.step_within),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let charts = if bars.is_empty() {
-        Vec::new()
-    } else {
-        vec![(
+    let tolerance = args.tolerance.unwrap_or(1);
+    let mut reports = Vec::new();
+    for detector in &detectors {
+        let bar = progress(files.len(), &format!("blaming ({detector})"));
+        let cases = blame_with(dir, detector, args, |_| bar.inc(1));
+        bar.finish_and_clear();
+        let cases = cases?;
+        reports.push(ChatlogReport {
+            directory: dir.display().to_string(),
+            detector: detector.clone(),
+            bootstrap,
+            summary: metrics::summarise_blame(&cases, tolerance, &bootstrap),
+            cases,
+        });
+    }
+    let mut charts = Vec::new();
+    let bars: Vec<Bar> = reports
+        .iter()
+        .flat_map(|r| {
+            let s = &r.summary;
+            let tag = if reports.len() > 1 {
+                format!("{} ", r.detector)
+            } else {
+                String::new()
+            };
+            [
+                estimate_bar(format!("{tag}agent"), &s.agent),
+                estimate_bar(format!("{tag}exact step"), &s.step_exact),
+                estimate_bar(format!("{tag}step ±{}", s.tolerance), &s.step_within),
+            ]
+        })
+        .flatten()
+        .collect();
+    if !bars.is_empty() {
+        charts.push((
             "blame.png",
             BarChart {
-                title: format!("Blame accuracy — {}", report.detector),
+                title: format!("Blame accuracy — {}", detectors.join(", ")),
                 y_label: "accuracy (95% CI)".into(),
                 bars,
                 y_range: Some((0.0, 1.0)),
             },
-        )]
-    };
+        ));
+    }
+    if let [report] = reports.as_slice() {
+        return Ok(Rendered {
+            markdown: report::chatlog_markdown(report),
+            json: serde_json::to_string_pretty(report)?,
+            charts,
+        });
+    }
+    // Several detectors: each report, then every detector against the first on the same logs.
+    let base = &reports[0];
+    let differences: Vec<metrics::BlameDifference> = reports[1..]
+        .iter()
+        .map(|r| {
+            metrics::blame_difference(
+                (&base.detector, &base.cases),
+                (&r.detector, &r.cases),
+                tolerance,
+                &bootstrap,
+            )
+        })
+        .collect();
+    let mut markdown: String = reports
+        .iter()
+        .map(report::chatlog_markdown)
+        .collect::<Vec<_>>()
+        .join("\n");
+    markdown.push('\n');
+    markdown.push_str(&report::blame_differences_markdown(&differences, tolerance));
     Ok(Rendered {
-        markdown: report::chatlog_markdown(&report),
-        json: serde_json::to_string_pretty(&report)?,
+        markdown,
+        json: serde_json::to_string_pretty(&serde_json::json!({
+            "reports": reports,
+            "paired": differences,
+        }))?,
         charts,
     })
 }

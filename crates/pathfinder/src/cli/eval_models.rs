@@ -52,6 +52,30 @@ impl Named {
     }
 }
 
+/// Blames each imported chat log with `shared` (and `adapter`, if any) through
+/// [`policy::blame::ModelBlame`].
+pub fn model_blame(
+    imported: &::eval::chatlog::Imported,
+    shared: SharedModel,
+    adapter: Option<String>,
+    name: &str,
+    on_done: impl FnMut(&::eval::metrics::BlameCase),
+) -> ::eval::Result<Vec<::eval::metrics::BlameCase>> {
+    ::eval::chatlog::evaluate_with(
+        imported,
+        detect::Config::default(),
+        |_| {
+            Ok(Box::new(policy::blame::ModelBlame::new(
+                Arc::clone(&shared),
+                adapter.clone(),
+                name,
+            )) as Box<dyn detect::Policy>)
+        },
+        |_, _| {},
+        on_done,
+    )
+}
+
 fn device() -> Result<Device> {
     Device::cuda_if_available(0).context("choosing the device")
 }
@@ -197,6 +221,25 @@ impl Trained {
             model,
             adapter,
         })
+    }
+
+    /// Blames each imported chat log with the Detector adapter choosing among the log's turns
+    /// after the expert's per-turn measurements ([`policy::blame::ModelBlame`]).
+    pub fn blame(
+        self,
+        imported: &::eval::chatlog::Imported,
+        on_done: impl FnMut(&::eval::metrics::BlameCase),
+    ) -> Result<Vec<::eval::metrics::BlameCase>> {
+        let name = format!("checkpoint:{}", self.dir.display());
+        let adapter = self.adapter.to_string();
+        let shared: SharedModel = Arc::new(Mutex::new(self.model));
+        Ok(model_blame(
+            imported,
+            shared,
+            Some(adapter),
+            &name,
+            on_done,
+        )?)
     }
 
     /// Investigates `traces` greedily with the Detector adapter, exactly as the trainer's
