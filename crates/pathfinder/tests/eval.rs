@@ -238,6 +238,27 @@ fn the_expert_blames_every_chat_log_with_its_tools() {
     let report: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["detector"], "expert");
     assert_eq!(report["summary"]["logs"], 6);
+    // Two detectors: both reports and the paired difference of the second against the first,
+    // which is the difference of their figures on the same six logs.
+    let both: Value = serde_json::from_str(&run_ok(
+        &["eval", "--json", "--detector", "first-error,expert"],
+        &[("--chatlog", &dir)],
+    ))
+    .unwrap();
+    let reports = both["reports"].as_array().unwrap();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[1], report);
+    let paired = &both["paired"][0];
+    assert_eq!(
+        (paired["base"].as_str(), paired["other"].as_str()),
+        (Some("first-error"), Some("expert"))
+    );
+    for k in ["agent", "step_exact", "step_within"] {
+        let d = paired[k]["value"].as_f64().unwrap();
+        let gap = reports[1]["summary"][k]["value"].as_f64().unwrap()
+            - reports[0]["summary"][k]["value"].as_f64().unwrap();
+        assert!((d - gap).abs() < 1e-9, "{k}: {d} vs {gap}");
+    }
     // Every log gets an answer naming one of its own agents at one of its own turns.
     for c in report["cases"].as_array().unwrap() {
         let source = c["source"].as_str().unwrap();

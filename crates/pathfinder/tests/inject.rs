@@ -219,6 +219,35 @@ fn corpus_generate_interrupts_and_resumes() {
     ] {
         assert!(out.join(file).exists(), "{file}");
     }
+    // The blame set: toolcaller is one agent, so every record is accounted for and none written.
+    let records = std::fs::read_to_string(out.join("corpus.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    let logs = tmp.path().join("logs");
+    let run = pathfinder(&[
+        "corpus",
+        "chatlogs",
+        "--corpus",
+        out.to_str().unwrap(),
+        "--out",
+        logs.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    // "N chat logs written to DIR; left out: A …, B …, C …" (DIR may hold digits).
+    let (written, rest) = stdout
+        .split_once(" chat logs written")
+        .expect("the count line");
+    let (_, left_out) = rest.split_once("left out:").expect("what was left out");
+    let numbers: Vec<usize> = left_out
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(written.trim(), "0", "{stdout}");
+    assert_eq!(numbers.len(), 3, "{stdout}");
+    assert_eq!(numbers.iter().sum::<usize>(), records, "{stdout}");
+    assert!(logs.is_dir());
 
     let mut bad: Vec<&str> = args.to_vec();
     bad[5] = "P99";

@@ -62,7 +62,7 @@ impl ModelBlame {
             &pm.tokenizer,
             "user",
             &format!(
-                "Per turn: failed (2 = failed execution, 1 = failure words), made_up (substitutes invented data), novel (new numbers), relied (of those, repeated later), carried (reaching the final answer).\n{shown}\nWhich turn made the decisive mistake? Answer `step N`."
+                "Per turn: failed (2 = failed execution, 1 = failure words), made_up (substitutes invented data), novel (new numbers), relied (of those, repeated later), carried (reaching the final answer), repeats (an execution identical to an earlier one).\n{shown}\nWhich turn made the decisive mistake? Answer `step N`."
             ),
         )?;
         c.open_reply(&pm.tokenizer)?;

@@ -6,7 +6,8 @@
 //! | order | the turn blamed | why a run fails from there |
 //! |---|---|---|
 //! | 1 | the first turn that substitutes made-up data (simulates, assumes, uses placeholder or sample data) and introduces facts later turns rely on | the team then reasons correctly from invented inputs; Who&When's annotators blame such turns, and TRAIL counts ungrounded facts among its most frequent errors |
-//! | 2 | the first failure: a failed code execution is blamed on the turn that wrote the code, another failing turn on itself | an unrecovered failure is where the plan stops working |
+//! | 2 | the first failure: a failed code execution is blamed on the turn that wrote the code, another failing turn (an error status, failure words, an exception's class name) on itself | an unrecovered failure is where the plan stops working |
+//! | 2b | the first code execution that repeats an earlier one of its agent verbatim, blamed on the turn that issued it | the agent did not take in what it already had: a loop (TRAIL's resource abuse, AgentErrorBench's memory errors) |
 //! | 3 | the first turn that introduces facts (numbers no earlier turn holds) which later turns rely on and the final answer carries | the answer rests on that claim and nothing re-derived it |
 //! | 4 | the first acting turn | with no measurable departure, the opening plan is the decisive choice |
 //!
@@ -14,7 +15,8 @@
 //! executions) and a per-turn table computed by a shell pipeline (`jq` then `awk`): for every
 //! turn its agent, kind, whether it failed, whether it substitutes made-up data, how many of its
 //! numbers are new, how many of those later turns repeat, and how many the last turn with numbers
-//! (the answer) carries. Without the shell tool an SQL table gives the first two flags only.
+//! (the answer) carries, and whether an execution repeats an earlier one verbatim. Without the
+//! shell tool an SQL table gives the first two flags only.
 //! Agent names are written with `_` for spaces, as the answer grammar takes one word.
 
 use crate::policies::quote;
@@ -22,9 +24,11 @@ use crate::policies::quote;
 /// The overview: size, agents, hand-offs and failed code executions.
 pub const OVERVIEW: &str = "sql: SELECT COUNT(*) AS turns, COUNT(DISTINCT agent_name) AS agents,\n  COALESCE(SUM(kind = 'tool'), 0) AS executions, COALESCE(SUM(is_error), 0) AS failed,\n  COALESCE(SUM(agent_name <> prev), 0) AS handoffs\nFROM (SELECT agent_name, kind, is_error, LAG(agent_name) OVER (ORDER BY step) AS prev FROM spans WHERE trace_id = {T})";
 
-/// Words that mark a failing turn.
+/// Words that mark a failing turn (whole words).
 const FAILURE_WORDS: &str =
     "error|errors|exception|traceback|failed|failure|unable|cannot|invalid|incorrect";
+/// Exception class names (`BadRequestError`, `KeyError:`), lower-cased.
+const EXCEPTION_NAMES: &str = "[a-z]+(error|exception)";
 /// Phrases that mark made-up data standing in for real data.
 const MADE_UP: &str = "simulat|assum|hypothetical|placeholder|dummy|mock|sample data|example data|for demonstration|fictional|made.up|let.s say|pretend";
 
@@ -35,20 +39,22 @@ pub fn turn_table_bash() -> String {
         concat!(
             "awk -F '\\t' '",
             "{{n++; st[n]=$1; a=$2; gsub(/ /,\"_\",a); ag[n]=a; kd[n]=$3; t=tolower($5);",
-            " fl[n]=($4==\"ERROR\")?2:((t~/(^|[^a-z])({fw})([^a-z]|$)/)?1:0);",
+            " fl[n]=($4==\"ERROR\")?2:((t~/(^|[^a-z])({fw})([^a-z]|$)/ || t~/{ex}([^a-z]|$)/)?1:0);",
+            " rp[n]=0; if(kd[n]==\"tool\"){{if(($2 SUBSEP $5) in said) rp[n]=1; said[$2 SUBSEP $5]=1}}",
             " mu[n]=(t~/{mu}/)?1:0; s=$5;",
             " while(match(s,/[0-9][0-9,.]*[0-9]/)){{v=substr(s,RSTART,RLENGTH); s=substr(s,RSTART+RLENGTH); gsub(/,/,\"\",v);",
             " if(!((n,v) in h)){{h[n,v]=1; nv[n]=nv[n] \" \" v}}}}",
             " if(kd[n]!=\"tool\" && nv[n]!=\"\") last=n}}",
-            " END{{print \"step agent kind failed made_up novel relied carried\";",
+            " END{{print \"step agent kind failed made_up novel relied carried repeats\";",
             " for(i=1;i<=n;i++){{nov=0; rel=0; car=0; c=split(nv[i],vs,\" \");",
             " for(j=1;j<=c;j++){{v=vs[j]; if(v in seen) continue; nov++;",
             " for(k=i+1;k<=n;k++) if((k,v) in h){{rel++; break}}",
             " if(last>i && ((last,v) in h)) car++}}",
             " for(j=1;j<=c;j++) seen[vs[j]]=1;",
-            " print st[i], ag[i], kd[i], fl[i], mu[i], nov, rel, car}}}}'"
+            " print st[i], ag[i], kd[i], fl[i], mu[i], nov, rel, car, rp[i]}}}}'"
         ),
         fw = FAILURE_WORDS,
+        ex = EXCEPTION_NAMES,
         mu = MADE_UP,
     );
     format!("bash: {jq} | sort -n -s -k1,1 | {awk}")
@@ -64,7 +70,7 @@ pub fn turn_table_sql(trace_id: &str) -> String {
             .join(" OR ")
     };
     format!(
-        "sql: SELECT step, replace(agent_name, ' ', '_') AS agent, kind,\n  CASE WHEN is_error = 1 THEN 2 WHEN {} THEN 1 ELSE 0 END AS failed,\n  ({}) AS made_up, 0 AS novel, 0 AS relied, 0 AS carried\nFROM spans WHERE trace_id = {} ORDER BY step",
+        "sql: SELECT step, replace(agent_name, ' ', '_') AS agent, kind,\n  CASE WHEN is_error = 1 THEN 2 WHEN {} THEN 1 ELSE 0 END AS failed,\n  ({}) AS made_up, 0 AS novel, 0 AS relied, 0 AS carried, 0 AS repeats\nFROM spans WHERE trace_id = {} ORDER BY step",
         like(FAILURE_WORDS),
         like(MADE_UP),
         quote(trace_id)
@@ -83,6 +89,8 @@ pub struct Turn {
     pub novel: u32,
     pub relied: u32,
     pub carried: u32,
+    /// An execution identical (agent and text) to an earlier one.
+    pub repeats: bool,
 }
 
 /// Reads the per-turn table (the header line, then one row per turn; a trailing `(N rows)`
@@ -94,6 +102,7 @@ pub fn parse_turns(observation: &str) -> Vec<Turn> {
     };
     let cols: Vec<&str> = header.split_whitespace().collect();
     let at = |name: &str| cols.iter().position(|c| *c == name);
+    let repeats = at("repeats");
     let (Some(s), Some(a), Some(k), Some(f), Some(m), Some(nv), Some(r), Some(c)) = (
         at("step"),
         at("agent"),
@@ -119,6 +128,7 @@ pub fn parse_turns(observation: &str) -> Vec<Turn> {
                 novel: num(nv)?.max(0) as u32,
                 relied: num(r)?.max(0) as u32,
                 carried: num(c)?.max(0) as u32,
+                repeats: repeats.and_then(num).is_some_and(|x| x > 0),
             })
         })
         .collect()
@@ -170,6 +180,19 @@ pub fn blame(turns: &[Turn]) -> Option<(String, i64, String)> {
             );
         }
     }
+    for (i, t) in acting.iter().enumerate() {
+        if t.tool && t.repeats {
+            if let Some(author) = acting[..i].iter().rev().find(|a| !a.tool) {
+                return found(
+                    author,
+                    format!(
+                        "the execution at turn {} repeats an earlier one verbatim; turn {} issued it",
+                        t.step, author.step
+                    ),
+                );
+            }
+        }
+    }
     if let Some(t) = acting
         .iter()
         .filter(later)
@@ -207,6 +230,7 @@ mod tests {
             novel: rel,
             relied: rel,
             carried: rel.min(1),
+            repeats: false,
         }
     }
 
@@ -228,6 +252,10 @@ mod tests {
         // turn's failure words do not count (it states the task).
         t[2].failed = 0;
         assert_eq!(blame(&t).unwrap().1, 1);
+        // A repeated execution (the optional column) is blamed on the turn that issued it.
+        let looped = parse_turns("step agent kind failed made_up novel relied carried repeats\n0 A agent 0 0 0 0 0 0\n1 B agent 0 0 0 0 0 0\n2 B tool 0 0 0 0 0 0\n3 B agent 0 0 0 0 0 0\n4 B tool 0 0 0 0 0 1\n");
+        assert!(looped[4].repeats && !turns[2].repeats);
+        assert_eq!(blame(&looped).unwrap().1, 3);
         // Nothing measured: the opening turn.
         let quiet = vec![
             turn(0, "human", false, 0, false, 0),
