@@ -377,10 +377,10 @@ mod tests {
     #[test]
     fn unknown_detectors_and_empty_directories_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let err = evaluate(dir.path(), "expert", |_| {})
+        let err = evaluate(dir.path(), "keyword", |_| {})
             .unwrap_err()
             .to_string();
-        assert!(err.contains("first-error"), "{err}");
+        assert!(err.contains("first-error, expert"), "{err}");
         let err = evaluate(dir.path(), "first-error", |_| {})
             .unwrap_err()
             .to_string();
