@@ -21,6 +21,9 @@ pub struct Truth {
     /// first departs from the clean run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<i64>,
+    /// The agent that step belongs to (the agent to blame in a multi-agent run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// What a detector answered.
@@ -34,6 +37,9 @@ pub struct Prediction {
     /// The step the answer points at (`answer: ID COMPONENT @step N | …`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<i64>,
+    /// The agent of the answered step's spans (filled by the evaluation from the trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// One evaluated trace.
@@ -95,6 +101,22 @@ pub fn localised(case: &Case) -> Option<bool> {
         _ => true,
     };
     Some(p.component == truth_component && file_ok && function_ok)
+}
+
+/// Agent blame: `None` for a healthy trace or one whose label names no agent; otherwise whether
+/// the agent of the answered step is the labelled one (compared as [`agent_correct`] does).
+pub fn agent_blamed(case: &Case) -> Option<bool> {
+    if healthy(case) {
+        return None;
+    }
+    let truth = case.truth.agent.as_deref()?;
+    let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
+    Some(
+        case.predicted
+            .as_ref()
+            .and_then(|p| p.agent.as_deref())
+            .is_some_and(|a| norm(a) == norm(truth)),
+    )
 }
 
 /// Step localisation: `None` for a healthy trace or one whose label names no step; otherwise
@@ -239,6 +261,8 @@ pub struct Summary {
     pub step_exact: Option<Estimate>,
     #[serde(default)]
     pub step_within_one: Option<Estimate>,
+    /// Over deficient traces whose label names an agent: the answered step's agent is it.
+    pub agent_blame: Option<Estimate>,
     /// Traces whose episode ended without a verdict.
     pub no_verdict: usize,
     pub per_category: Vec<CategoryRow>,
@@ -262,6 +286,10 @@ pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> 
         tool_calls: bootstrap::mean(&calls, b),
         step_exact: bootstrap::proportion(&step(0), b),
         step_within_one: bootstrap::proportion(&step(1), b),
+        agent_blame: bootstrap::proportion(
+            &cases.iter().filter_map(agent_blamed).collect::<Vec<_>>(),
+            b,
+        ),
         no_verdict: cases.iter().filter(|c| c.predicted.is_none()).count(),
         per_category: per_category(cases, catalog, b),
         per_agent: per_agent(cases, b),
@@ -401,6 +429,7 @@ mod tests {
                 file: Some("toolcaller/agent.py".into()),
                 function: None,
                 step: None,
+                agent: None,
             },
             predicted: predicted.map(|(id, comp)| Prediction {
                 deficiency_id: id.into(),
@@ -522,6 +551,24 @@ mod tests {
         assert_eq!(localised(&c), Some(true));
         c.predicted.as_mut().unwrap().file = Some("other/tools.py".into());
         assert_eq!(localised(&c), Some(false));
+    }
+
+    #[test]
+    fn agent_blame_compares_the_answered_steps_agent_with_the_label() {
+        let mut c = case(
+            "P2",
+            Some("llm_client.stream"),
+            Some(("P2", "llm_client.stream")),
+            3,
+        );
+        assert_eq!(agent_blamed(&c), None, "the label names no agent");
+        c.truth.agent = Some("Corpus Analyst".into());
+        assert_eq!(agent_blamed(&c), Some(false), "the answer names no step");
+        c.predicted.as_mut().unwrap().agent = Some("corpus_analyst".into());
+        assert_eq!(agent_blamed(&c), Some(true));
+        c.predicted.as_mut().unwrap().agent = Some("Fact Checker".into());
+        assert_eq!(agent_blamed(&c), Some(false));
+        assert_eq!(agent_blamed(&case("none", None, None, 1)), None);
     }
 
     #[test]

@@ -30,8 +30,8 @@ pub struct LabelsNote {
     pub file: String,
     /// Trace ids the file labels that the store does not hold.
     pub unknown: Vec<String>,
-    /// Labels that name a step (scored as step localisation), or an agent (not scored: no store
-    /// detector answers with one), where the failure shows.
+    /// Labels that name a step (scored as step localisation), or an agent (scored as the agent
+    /// of the answered step), where the failure shows.
     pub with_step: usize,
     pub with_agent: usize,
 }
@@ -115,7 +115,7 @@ pub fn store_markdown(r: &StoreReport) -> String {
         }
         if l.with_agent > 0 {
             out.push_str(&format!(
-                ". {} label(s) name an agent to blame, which is not scored: no store detector answers with one yet",
+                ". {} label(s) name an agent to blame, scored as the agent of the answered step",
                 l.with_agent
             ));
         }
@@ -134,6 +134,10 @@ pub fn store_markdown(r: &StoreReport) -> String {
             pct(&s.step_exact),
         ),
         ("Step localisation, within ±1", pct(&s.step_within_one)),
+        (
+            "Agent blamed (the answered step's agent)",
+            pct(&s.agent_blame),
+        ),
         ("Avg. tool calls", number(&s.tool_calls)),
     ] {
         out.push_str(&format!("| {name} | {v} | {ci} | {n} |\n"));

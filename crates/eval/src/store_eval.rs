@@ -70,6 +70,7 @@ pub fn labelled_traces(db: &Path, only: Option<&[String]>) -> Result<Vec<Labelle
                 file: label.file,
                 function: label.function,
                 step: label.step,
+                agent: label.agent,
             },
         });
     }
@@ -249,6 +250,7 @@ pub fn read_labels(
                 file: l.file,
                 function: l.function,
                 step: l.step,
+                agent: l.agent,
             },
             agent: None,
         });
@@ -379,6 +381,11 @@ pub fn run_policies_transcribed(
 ) -> Result<Vec<Case>> {
     let detector = Detector::new(PathBuf::from(db), config, false)
         .map_err(|e| Error::Detector(format!("starting the detector: {e}")))?;
+    let store_err = |source| Error::Store {
+        path: db.to_path_buf(),
+        cause: Box::new(source),
+    };
+    let store = traces::Store::open_read_only(db).map_err(store_err)?;
     let mut cases = Vec::with_capacity(traces.len());
     for t in traces {
         let policy = make_policy(t)?;
@@ -388,7 +395,18 @@ pub fn run_policies_transcribed(
                 trace_id: t.trace_id.clone(),
                 cause: Box::new(source),
             })?;
-        let case = case_of(t, &transcript);
+        let mut case = case_of(t, &transcript);
+        // The agent an answered step blames: the agent of that step's spans.
+        if let Some(p) = case.predicted.as_mut() {
+            if let Some(step) = p.step {
+                p.agent = store
+                    .spans(&t.trace_id)
+                    .map_err(store_err)?
+                    .into_iter()
+                    .find(|s| s.step == Some(step) && s.agent_name.is_some())
+                    .and_then(|s| s.agent_name);
+            }
+        }
         on_done(&case, &transcript);
         cases.push(case);
     }
