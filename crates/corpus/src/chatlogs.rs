@@ -160,7 +160,8 @@ pub fn export(corpus: &Path, out: &Path, split: Option<&str>) -> Result<Exported
             })?;
         let question = spans
             .iter()
-            .find_map(|s| s.input.clone().filter(|_| s.parent_span_id.is_none()))
+            .find(|s| s.parent_span_id.is_none() && s.input.is_some())
+            .and_then(|s| s.input.clone())
             .unwrap_or_else(|| format!("task {}", record.manifest.task));
         let m = &record.manifest;
         let origin = Origin {

@@ -276,11 +276,12 @@ pub fn evaluate_with(
             Some(detect::Verdict::Blame { agent, step, .. }) => Some((agent.clone(), *step)),
             Some(detect::Verdict::Deficiency {
                 step: Some(step), ..
-            }) => imported
-                .turns(&store, trace_id)?
-                .into_iter()
-                .find(|s| s.step == Some(*step))
-                .and_then(|s| s.agent_name)
+            }) => store
+                .agent_at_step(trace_id, *step)
+                .map_err(|source| Error::Store {
+                    path: imported.db.clone(),
+                    cause: Box::new(source),
+                })?
                 .map(|agent| (agent, *step)),
             _ => None,
         };

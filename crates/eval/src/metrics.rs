@@ -110,12 +110,11 @@ pub fn agent_blamed(case: &Case) -> Option<bool> {
         return None;
     }
     let truth = case.truth.agent.as_deref()?;
-    let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
     Some(
         case.predicted
             .as_ref()
             .and_then(|p| p.agent.as_deref())
-            .is_some_and(|a| norm(a) == norm(truth)),
+            .is_some_and(|a| same_agent(a, truth)),
     )
 }
 
@@ -340,12 +339,17 @@ pub struct BlameSummary {
 /// in one word (`answer: agent Data_Analyst step 3`).
 pub fn agent_correct(case: &BlameCase) -> Option<bool> {
     let truth = case.truth_agent.as_deref()?;
-    let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
     Some(
         case.predicted
             .as_ref()
-            .is_some_and(|(agent, _)| norm(agent) == norm(truth)),
+            .is_some_and(|(agent, _)| same_agent(agent, truth)),
     )
+}
+
+/// Agent names compared case-insensitively with `_` for spaces.
+fn same_agent(a: &str, b: &str) -> bool {
+    let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
+    norm(a) == norm(b)
 }
 
 /// Whether the predicted step is within `tolerance` of the labelled one (0 = exact).

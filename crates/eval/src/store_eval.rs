@@ -399,12 +399,7 @@ pub fn run_policies_transcribed(
         // The agent an answered step blames: the agent of that step's spans.
         if let Some(p) = case.predicted.as_mut() {
             if let Some(step) = p.step {
-                p.agent = store
-                    .spans(&t.trace_id)
-                    .map_err(store_err)?
-                    .into_iter()
-                    .find(|s| s.step == Some(step) && s.agent_name.is_some())
-                    .and_then(|s| s.agent_name);
+                p.agent = store.agent_at_step(&t.trace_id, step).map_err(store_err)?;
             }
         }
         on_done(&case, &transcript);

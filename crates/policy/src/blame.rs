@@ -108,7 +108,7 @@ impl Policy for ModelBlame {
         match view.turns.len() {
             0 => Ok(format!(
                 "Count the log's turns, agents and hand-offs.\n{}",
-                blame::OVERVIEW.replace("{T}", &format!("'{}'", view.trace_id.replace('\'', "''")))
+                blame::overview(view.trace_id)
             )),
             1 => Ok(format!("Measure each turn.\n{}", blame::turn_table_bash())),
             _ => {

@@ -1322,17 +1322,13 @@ impl Trainer {
     /// A live trace's investigations: through the decision head when the run has one (with
     /// each choice's features, class and log-probability), else token by token. `i` places
     /// the investigation's randomness among the step's.
-    #[allow(clippy::type_complexity)]
     fn investigate(
         &self,
         detector: &detect::Detector,
         trace_id: &str,
         step: u64,
         i: usize,
-    ) -> Result<(
-        Vec<(Detection, Conversation, detect::Transcript)>,
-        Vec<(Vec<f32>, usize, f32)>,
-    )> {
+    ) -> Result<Investigations> {
         match &self.heads {
             Some((h, _)) => self.investigate_head(detector, h, trace_id, step, i),
             None => Ok((
@@ -1346,7 +1342,6 @@ impl Trainer {
     /// `samples_per_trace` choices sampled from the head's distribution over the same
     /// features (the battery is deterministic; only the choice is random). Returns each
     /// choice's detection and its (features, class, log-probability).
-    #[allow(clippy::type_complexity)]
     fn investigate_head(
         &self,
         detector: &detect::Detector,
@@ -1354,10 +1349,7 @@ impl Trainer {
         trace_id: &str,
         step: u64,
         i: usize,
-    ) -> Result<(
-        Vec<(Detection, Conversation, detect::Transcript)>,
-        Vec<(Vec<f32>, usize, f32)>,
-    )> {
+    ) -> Result<Investigations> {
         let seed = self.config.run.seed;
         let per_trace = self.config.detector.samples_per_trace;
         let temperature = self.config.detector.temperature;
@@ -1506,6 +1498,13 @@ impl Trainer {
         Ok(Some(HeadUpdate { ppo: stats, review }))
     }
 }
+
+/// A live trace's investigations (detection, conversation, transcript) and, with the decision
+/// head, each choice's (features, class, log-probability).
+type Investigations = (
+    Vec<(Detection, Conversation, detect::Transcript)>,
+    Vec<(Vec<f32>, usize, f32)>,
+);
 
 /// The head's higher-order example for a live trace (§5.5): its features and true class when
 /// the greedy answer is wrong (the investigation's choices are sampled), or with `keep_named`

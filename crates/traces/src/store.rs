@@ -625,6 +625,19 @@ impl Store {
         Ok(spans)
     }
 
+    /// The agent of the first span (in `seq` order) at `step` of a trace that names one: the
+    /// agent an answer pointing at that step blames.
+    pub fn agent_at_step(&self, trace_id: &str, step: i64) -> Result<Option<String>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT agent_name FROM spans WHERE trace_id = ?1 AND step = ?2 AND agent_name IS NOT NULL ORDER BY seq LIMIT 1",
+        )?;
+        let mut rows = stmt.query(rusqlite::params![trace_id, step])?;
+        Ok(match rows.next()? {
+            Some(r) => Some(r.get(0)?),
+            None => None,
+        })
+    }
+
     /// The `traces` row of one trace as a JSON object (attributes parsed), with its
     /// `trace_tools` rows under `tools`.
     pub fn trace_json(&self, trace_id: &str) -> Result<Map<String, Value>> {
@@ -941,6 +954,30 @@ mod tests {
             )
             .unwrap_err();
         assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
+    }
+
+    #[test]
+    fn the_agent_at_a_step_is_its_first_named_span() {
+        let mut store = Store::open_in_memory().unwrap();
+        let spans = [
+            ("s1", None, 0),
+            ("s2", None, 1),
+            ("s3", Some("Analyst"), 1),
+            ("s4", Some("Lead"), 1),
+        ]
+        .map(|(id, agent, step)| {
+            let mut s = Span::new("t1", id, "turn", SpanKind::Agent);
+            s.agent_name = agent.map(str::to_string);
+            s.step = Some(step);
+            s
+        });
+        store.import_spans(spans, "mem").unwrap();
+        assert_eq!(
+            store.agent_at_step("t1", 1).unwrap().as_deref(),
+            Some("Analyst")
+        );
+        assert_eq!(store.agent_at_step("t1", 0).unwrap(), None);
+        assert_eq!(store.agent_at_step("t1", 7).unwrap(), None);
     }
 
     #[test]

@@ -21,8 +21,13 @@
 
 use crate::policies::quote;
 
+/// The overview call for one trace.
+pub fn overview(trace_id: &str) -> String {
+    OVERVIEW.replace("{T}", &quote(trace_id))
+}
+
 /// The overview: size, agents, hand-offs and failed code executions.
-pub const OVERVIEW: &str = "sql: SELECT COUNT(*) AS turns, COUNT(DISTINCT agent_name) AS agents,\n  COALESCE(SUM(kind = 'tool'), 0) AS executions, COALESCE(SUM(is_error), 0) AS failed,\n  COALESCE(SUM(agent_name <> prev), 0) AS handoffs\nFROM (SELECT agent_name, kind, is_error, LAG(agent_name) OVER (ORDER BY step) AS prev FROM spans WHERE trace_id = {T})";
+const OVERVIEW: &str = "sql: SELECT COUNT(*) AS turns, COUNT(DISTINCT agent_name) AS agents,\n  COALESCE(SUM(kind = 'tool'), 0) AS executions, COALESCE(SUM(is_error), 0) AS failed,\n  COALESCE(SUM(agent_name <> prev), 0) AS handoffs\nFROM (SELECT agent_name, kind, is_error, LAG(agent_name) OVER (ORDER BY step) AS prev FROM spans WHERE trace_id = {T})";
 
 /// Words that mark a failing turn (whole words).
 const FAILURE_WORDS: &str =
@@ -141,6 +146,12 @@ pub fn task_giver(agent: &str) -> bool {
         .any(|g| agent.eq_ignore_ascii_case(g))
 }
 
+/// The turn that wrote what execution `i` ran: the last acting turn before it that is not
+/// itself an execution.
+fn author<'a>(acting: &[&'a Turn], i: usize) -> Option<&'a Turn> {
+    acting[..i].iter().rev().find(|a| !a.tool).copied()
+}
+
 /// The blamed agent and step, and why (see the module's table). `None` for a log with no
 /// acting turn.
 pub fn blame(turns: &[Turn]) -> Option<(String, i64, String)> {
@@ -163,7 +174,7 @@ pub fn blame(turns: &[Turn]) -> Option<(String, i64, String)> {
     }
     for (i, t) in acting.iter().enumerate() {
         if t.tool && t.failed == 2 {
-            if let Some(author) = acting[..i].iter().rev().find(|a| !a.tool) {
+            if let Some(author) = author(&acting, i) {
                 return found(
                     author,
                     format!(
@@ -182,7 +193,7 @@ pub fn blame(turns: &[Turn]) -> Option<(String, i64, String)> {
     }
     for (i, t) in acting.iter().enumerate() {
         if t.tool && t.repeats {
-            if let Some(author) = acting[..i].iter().rev().find(|a| !a.tool) {
+            if let Some(author) = author(&acting, i) {
                 return found(
                     author,
                     format!(

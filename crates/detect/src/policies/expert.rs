@@ -157,7 +157,7 @@ impl ExpertPolicy {
             self.awaiting = Some(Pending::BlameOverview);
             return format!(
                 "A chat log: count its turns, agents, hand-offs and failed code executions.\n{}",
-                blame::OVERVIEW.replace("{T}", &quote(view.trace_id))
+                blame::overview(view.trace_id)
             );
         }
         if self.blame_calls <= 1 && (sql || bash) && view.turns_left > 1 {
