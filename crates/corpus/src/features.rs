@@ -12,7 +12,10 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceFeatures {
     pub spans: usize,
-    /// Spans with status ERROR, by `error.type` (or the span name when it has none).
+    /// Spans with status ERROR, by `error.type` (or the span name when it has none), and
+    /// spans that record an exception the agent handled (`exception.message` or
+    /// `pathfinder.fallback` without status ERROR: a reply it could not parse, a call it
+    /// retried another way), as `handled KIND`. Both are errors the trace states outright.
     pub errors: BTreeMap<String, usize>,
     /// Tool names in start order.
     pub tool_calls: Vec<String>,
@@ -82,12 +85,11 @@ impl TraceFeatures {
                 .and_then(|s| s.get("code"))
                 .and_then(Value::as_str)
                 .unwrap_or("");
+            let kind = attr("error.type").and_then(Value::as_str).unwrap_or(name);
             if status == "ERROR" {
-                let kind = attr("error.type")
-                    .and_then(Value::as_str)
-                    .unwrap_or(name)
-                    .to_owned();
-                *f.errors.entry(kind).or_insert(0) += 1;
+                *f.errors.entry(kind.to_owned()).or_insert(0) += 1;
+            } else if attr("exception.message").is_some() || attr("pathfinder.fallback").is_some() {
+                *f.errors.entry(format!("handled {kind}")).or_insert(0) += 1;
             }
             match attr("gen_ai.operation.name").and_then(Value::as_str) {
                 Some("chat") => {
@@ -294,5 +296,15 @@ mod tests {
             ]
         );
         assert_eq!(d.span_names.get("tool"), Some(&(1, 0)));
+
+        // A failure the agent handled (a fallback, the exception recorded) is an error too.
+        let handled = [
+            span("agent.run", 0, "OK", serde_json::json!({"pathfinder.outcome": "completed", "pathfinder.answer": "42", "pathfinder.step_index": 0})),
+            span("society.specify_task", 1, "OK", serde_json::json!({"pathfinder.fallback": "bare question as plan", "exception.message": "no JSON object", "pathfinder.step_index": 0})),
+        ]
+        .join("\n");
+        let h = TraceFeatures::from_jsonl(&handled);
+        assert_eq!(h.errors.get("handled society.specify_task"), Some(&1));
+        assert_eq!(h.error_count(), 1);
     }
 }

@@ -18,6 +18,7 @@
 //! | has no system message, or gives it two identities     | asks which role it has ([`Departure::RoleConfusion`]) |
 //! | asks for one fact or one call at a time               | makes one call with one condition ([`Departure::OneAtATime`]) |
 //! | shows a name only in another Unicode form             | copies that form ([`Departure::CopiedSpelling`]) |
+//! | asks for a JSON reply without showing its keys (no example, no schema) | names the keys itself ([`Departure::InventedKeys`]) |
 //!
 //! Why a real model does this: TRAIL counts formatting errors and instruction non-compliance
 //! as 353 of the 841 errors it annotates in agent traces (42%), and lists tool-selection
@@ -66,6 +67,9 @@ pub enum Departure {
     Refusal,
     /// No system role or two identities: the model asked which role it has.
     RoleConfusion,
+    /// A JSON reply whose key names the request never shows was written with keys of the
+    /// model's own naming.
+    InventedKeys,
 }
 
 impl Departure {
@@ -81,6 +85,7 @@ impl Departure {
             Departure::FromMemory => "from_memory",
             Departure::Refusal => "refusal",
             Departure::RoleConfusion => "role_confusion",
+            Departure::InventedKeys => "invented_keys",
         }
     }
 }
@@ -180,6 +185,15 @@ pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
         }
     }
     let (step, departure) = reading.transform_calls(step);
+    if departure == Departure::Scripted {
+        if let Some((step, unshown)) = reading.invent_keys(&step) {
+            return Played::new(
+                step,
+                Departure::InventedKeys,
+                format!("JSON keys the request never shows: {}", unshown.join(", ")),
+            );
+        }
+    }
     if respelled && departure == Departure::Scripted {
         return Played::new(
             step,
@@ -674,6 +688,49 @@ impl Reading {
         None
     }
 
+    /// A text reply that is one JSON object, to a request that asks for JSON, with each
+    /// top-level key the request never shows (no example, no schema naming it) renamed the
+    /// way a model names a field it was only told about in words: `final_answer` as `finalAnswer`, `subgoals` as `Subgoals`. The
+    /// agent that reads the object by its own key names then cannot find them; the keys the
+    /// model was shown (in a correction, say) are kept. `None` when nothing is renamed.
+    pub fn invent_keys(&self, step: &Step) -> Option<(Step, Vec<String>)> {
+        if !step.tool_calls.is_empty() {
+            return None;
+        }
+        let content = step.content.as_deref()?;
+        let Ok(Value::Object(object)) = serde_json::from_str::<Value>(content.trim()) else {
+            return None;
+        };
+        // A model that answers in JSON unasked chooses its own keys; only a request for JSON
+        // sets keys the model has to match.
+        if !self.text.contains("JSON") {
+            return None;
+        }
+        let shown: BTreeSet<&str> = tokens(&self.text).collect();
+        let unshown: Vec<String> = object
+            .keys()
+            .filter(|k| !shown.contains(k.as_str()))
+            .cloned()
+            .collect();
+        if unshown.is_empty() {
+            return None;
+        }
+        let renamed: serde_json::Map<String, Value> = object
+            .into_iter()
+            .map(|(k, v)| {
+                let k = if unshown.contains(&k) {
+                    invented_key(&k)
+                } else {
+                    k
+                };
+                (k, v)
+            })
+            .collect();
+        let mut step = step.clone();
+        step.content = Some(Value::Object(renamed).to_string());
+        Some((step, unshown))
+    }
+
     /// Answers `content` from memory: numbers the prompt does not hold are remembered wrong
     /// (about 8% off), other missing facts as `unknown`.
     fn answer_from_memory(&self, content: &str) -> String {
@@ -688,6 +745,32 @@ impl Reading {
             },
             _ => "unknown".to_owned(),
         })
+    }
+}
+
+/// A key as a model names a field it was told about only in words: words joined in
+/// camelCase, a single word capitalised.
+fn invented_key(key: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in key
+        .split(['_', '-', ' '])
+        .filter(|w| !w.is_empty())
+        .enumerate()
+    {
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            if i == 0 && key.contains(['_', '-', ' ']) {
+                out.extend(first.to_lowercase());
+            } else {
+                out.extend(first.to_uppercase());
+            }
+            out.push_str(chars.as_str());
+        }
+    }
+    if out == key {
+        format!("{key}_value")
+    } else {
+        out
     }
 }
 
@@ -987,6 +1070,57 @@ mod tests {
     }
 
     #[test]
+    fn json_keys_the_request_never_shows_are_named_by_the_model() {
+        let answer = Step {
+            content: Some(r#"{"final_answer": "42", "evidence": "table row 3"}"#.into()),
+            ..tool_step("x", json!({}))
+        };
+        let answer = Step {
+            tool_calls: Vec::new(),
+            ..answer
+        };
+        let ask = |system: &str| {
+            request(
+                json!([{"role": "system", "content": system}, {"role": "user", "content": "Give the final answer, 42 from table row 3."}]),
+                json!([]),
+            )
+        };
+        let shown = ask(
+            r#"Reply with one JSON object: {"final_answer": "<value>", "evidence": "<sources>"}"#,
+        );
+        let played = play(std::slice::from_ref(&answer), 0, &shown);
+        assert_eq!(played.departure, Departure::Scripted, "{}", played.why);
+
+        let in_words = ask("Reply with one JSON object holding the bare value and the evidence.");
+        let played = play(std::slice::from_ref(&answer), 0, &in_words);
+        assert_eq!(played.departure, Departure::InventedKeys);
+        assert!(played.why.contains("final_answer"), "{}", played.why);
+        let reply: Value = serde_json::from_str(played.step.content.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            reply,
+            json!({"finalAnswer": "42", "evidence": "table row 3"})
+        );
+
+        assert_eq!(invented_key("specified_task"), "specifiedTask");
+        assert_eq!(invented_key("subgoals"), "Subgoals");
+        assert_eq!(invented_key("Verdict"), "Verdict_value");
+        let not_json = Step {
+            content: Some("Final answer: 42".into()),
+            ..answer.clone()
+        };
+        assert_eq!(
+            play(&[not_json], 0, &in_words).departure,
+            Departure::Scripted
+        );
+        // Unasked for, JSON is the model's own format, with its own keys.
+        let unasked = ask("Reply with the bare value and the evidence.");
+        assert_eq!(
+            play(std::slice::from_ref(&answer), 0, &unasked).departure,
+            Departure::Scripted
+        );
+    }
+
+    #[test]
     fn prompt_level_flaws_change_the_first_reply() {
         let ask = |system: &str| {
             request(
@@ -1095,7 +1229,7 @@ mod tests {
         let seen = |doc: &str| {
             request(
                 json!([
-                    {"role": "system", "content": "You are an assistant."},
+                    {"role": "system", "content": "You are an assistant. Reply with {\"answer\": \"...\"}."},
                     {"role": "user", "content": "Who kept the lighthouse?"},
                     {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"query\":\"keeper\"}"}}]},
                     {"role": "tool", "tool_call_id": "c1", "content": doc}

@@ -110,7 +110,7 @@ fn non_streaming_plays_the_script_over_a_unix_socket() {
     assert_eq!(server.url(), format!("unix:{}", sock.display()));
 
     let first = json!({"model": "pathfinder-scripted", "seed": 3, "tools": tools(),
-        "messages": [{"role": "user", "content": "How tall?"}]});
+        "messages": [{"role": "user", "content": "How tall? Reply {\"answer\": \"...\"}."}]});
     let (status, _, body) = chat(server.url(), &first, Some("toolcaller/gaia-001/main"));
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: Value = serde_json::from_slice(&body).unwrap();
@@ -124,7 +124,7 @@ fn non_streaming_plays_the_script_over_a_unix_socket() {
     assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 10);
 
     let second = json!({"model": "pathfinder-scripted", "seed": 3, "tools": tools(), "messages": [
-        {"role": "user", "content": "How tall?"},
+        {"role": "user", "content": "How tall? Reply {\"answer\": \"...\"}."},
         {"role": "assistant", "content": null, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": "The tower is 330 m."}]});
     let (status, _, body) = chat(server.url(), &second, Some("toolcaller/gaia-001/main"));
@@ -143,7 +143,7 @@ fn streaming_over_tcp_reassembles_and_reports_usage() {
     let server = start(Listen::loopback(0), dir.path());
     let req = json!({"model": "m", "seed": 11, "stream": true, "tools": tools(),
         "stream_options": {"include_usage": true},
-        "messages": [{"role": "user", "content": "How tall?"}]});
+        "messages": [{"role": "user", "content": "How tall? Reply {\"answer\": \"...\"}."}]});
     let (status, head, body) = chat(server.url(), &req, Some("toolcaller/gaia-001/main"));
     assert_eq!(status, 200);
     assert!(head.to_ascii_lowercase().contains("text/event-stream"));
@@ -195,7 +195,7 @@ fn streaming_max_tokens_ends_with_length() {
     let dir = scripts();
     let server = start(Listen::loopback(0), dir.path());
     let req = json!({"model": "m", "stream": true, "max_tokens": 3, "tools": tools(),
-        "messages": [{"role": "user", "content": "How tall?"}]});
+        "messages": [{"role": "user", "content": "How tall? Reply {\"answer\": \"...\"}."}]});
     let (status, _, body) = chat(server.url(), &req, Some("toolcaller/gaia-001/main"));
     assert_eq!(status, 200);
     let text = String::from_utf8(body).unwrap();
