@@ -83,7 +83,7 @@ pub enum CorpusError {
     },
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CorpusError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CorpusError + '_ {
     move |source| CorpusError::Io {
         path: path.to_owned(),
         source,
@@ -316,7 +316,7 @@ pub fn plan(
     })
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CorpusError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CorpusError> {
     let tmp = path.with_extension("partial");
     std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))

@@ -12,6 +12,7 @@ pub mod features;
 pub mod generate;
 pub mod keyword;
 pub mod parquet;
+pub mod sweep;
 pub mod validate;
 
 pub use confusability::Confusability;

@@ -1,5 +1,6 @@
 //! `pathfinder corpus generate`: run clean and injected agents, validate each injection and
-//! publish a labelled, split trace corpus (resumable).
+//! publish a labelled, split trace corpus (resumable); `corpus sweep`: where each template
+//! manifests; `corpus chatlogs`: blame sets.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,6 +26,87 @@ enum Command {
     /// the decisive turn being where the injected run first departs from its clean run: a blame
     /// set for `pathfinder eval --chatlog`.
     Chatlogs(ChatlogsArgs),
+    /// Run every template of the chosen (agent, type) pairs on up to N tasks of its agent's
+    /// suite and report where each one validates; `--write` puts that evidence in the
+    /// templates' `tasks` lists, which the corpus planner tries first.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    #[command(flatten)]
+    episodes: EpisodeArgs,
+    /// Tasks per template: its listed tasks first, then the rest of the suite in order.
+    #[arg(long, default_value_t = 14)]
+    tasks: usize,
+    /// Only the (agent, type) pairs with a failed episode in this generated corpus.
+    #[arg(long, value_name = "CORPUS")]
+    failed_in: Option<PathBuf>,
+    /// The sweep's directory; an existing one with the same options is resumed.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Replace each swept template's `tasks` list by the tasks it validated on (a template
+    /// that validated nowhere gets an empty list).
+    #[arg(long)]
+    write: bool,
+}
+
+/// What every episode-running command takes: which agents and types, where the agents and
+/// templates are, how an agent runs and which model drives it.
+#[derive(Debug, Args)]
+struct EpisodeArgs {
+    /// Agents, comma-separated (default: every agent in the agents directory).
+    #[arg(long, value_delimiter = ',')]
+    agents: Vec<String>,
+    /// Deficiency types, comma-separated catalog ids (default: all 50).
+    #[arg(long, value_delimiter = ',')]
+    types: Vec<String>,
+    #[arg(long, value_name = "DIR", default_value = "agents")]
+    agents_dir: PathBuf,
+    #[arg(long, value_name = "DIR", default_value = "deficiencies/templates")]
+    templates_dir: PathBuf,
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Wall-clock limit of one agent run, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    timeout: u64,
+    /// Drive the agents with this OpenAI-compatible endpoint (http://HOST:PORT or unix:/path;
+    /// a real model served by vLLM or llama.cpp) instead of the scripted model. Clean runs are
+    /// judged by each task's checker as always; a task the model fails clean gives no baseline.
+    #[arg(long, value_name = "URL")]
+    llm: Option<String>,
+}
+
+impl EpisodeArgs {
+    /// The workspace, the catalog and generation options for `tasks` tasks and `seed`.
+    fn open(&self, tasks: usize, seed: u64) -> Result<(Workspace, Catalog, GenerateOptions)> {
+        let workspace = Workspace::open(&self.agents_dir)?;
+        let catalog = Catalog::embedded().context("the built-in deficiency catalog is invalid")?;
+        let agents = if self.agents.is_empty() {
+            workspace.agent_names()?
+        } else {
+            self.agents.clone()
+        };
+        if tasks == 0 {
+            bail!("--tasks must be at least 1");
+        }
+        let templates_dir = std::path::absolute(&self.templates_dir)
+            .with_context(|| format!("{}", self.templates_dir.display()))?;
+        let options = GenerateOptions {
+            agents,
+            types: type_ids(&catalog, &self.types)?,
+            tasks,
+            seed,
+            holdout_agent: None,
+            templates_dir,
+            keyword: true,
+            python: self.python.clone(),
+            timeout: Duration::from_secs(self.timeout),
+            max_episodes: None,
+            llm: self.llm.clone(),
+        };
+        Ok((workspace, catalog, options))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -61,12 +143,8 @@ fn chatlogs(args: ChatlogsArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 struct GenerateArgs {
-    /// Agents, comma-separated (default: every agent in the agents directory).
-    #[arg(long, value_delimiter = ',')]
-    agents: Vec<String>,
-    /// Deficiency types, comma-separated catalog ids (default: all 50).
-    #[arg(long, value_delimiter = ',')]
-    types: Vec<String>,
+    #[command(flatten)]
+    episodes: EpisodeArgs,
     /// Tasks per (agent, type).
     #[arg(long, default_value_t = 3)]
     tasks: usize,
@@ -84,91 +162,137 @@ struct GenerateArgs {
     /// Skip the keyword-baseline non-triviality check.
     #[arg(long)]
     no_keyword: bool,
-    #[arg(long, value_name = "DIR", default_value = "agents")]
-    agents_dir: PathBuf,
-    #[arg(long, value_name = "DIR", default_value = "deficiencies/templates")]
-    templates_dir: PathBuf,
-    #[arg(long, default_value = "python3")]
-    python: String,
-    /// Wall-clock limit of one agent run, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-    timeout: u64,
-    /// Drive the agents with this OpenAI-compatible endpoint (http://HOST:PORT or unix:/path;
-    /// a real model served by vLLM or llama.cpp) instead of the scripted model. Clean runs are
-    /// judged by each task's checker as always; a task the model fails clean gives no baseline.
-    #[arg(long, value_name = "URL")]
-    llm: Option<String>,
 }
 
 pub fn run(args: CorpusArgs) -> Result<()> {
     match args.command {
         Command::Generate(g) => generate(g),
         Command::Chatlogs(c) => chatlogs(c),
+        Command::Sweep(s) => sweep(s),
     }
 }
 
-fn generate(args: GenerateArgs) -> Result<()> {
-    let workspace = Workspace::open(&args.agents_dir)?;
-    let catalog = Catalog::embedded().context("the built-in deficiency catalog is invalid")?;
-    let agents = if args.agents.is_empty() {
-        workspace.agent_names()?
-    } else {
-        args.agents.clone()
-    };
-    let types = if args.types.is_empty() {
-        catalog
+/// A progress bar over episodes with the count of valid ones so far.
+struct Progress {
+    bar: ProgressBar,
+    valid: usize,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let bar = ProgressBar::new(0).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Progress { bar, valid: 0 }
+    }
+
+    fn episode(&mut self, done: usize, total: usize, m: &corpus::Manifest) {
+        self.bar.set_length(total as u64);
+        self.bar.set_position(done as u64);
+        if m.validation.valid {
+            self.valid += 1;
+        }
+        self.bar
+            .set_message(format!("{} valid; {}", self.valid, m.id));
+    }
+}
+
+/// Catalog ids in canonical spelling (all 50 when `given` is empty).
+fn type_ids(catalog: &Catalog, given: &[String]) -> Result<Vec<String>> {
+    if given.is_empty() {
+        return Ok(catalog
             .deficiencies()
             .iter()
             .map(|d| d.id.clone())
-            .collect()
-    } else {
-        let mut ids = Vec::new();
-        for t in &args.types {
-            match catalog.get(t) {
-                Some(d) => ids.push(d.id.clone()),
-                None => bail!("--types: {t:?} is not a catalog id (P1–P27, C1–C23)"),
-            }
-        }
-        ids
-    };
-    if args.tasks == 0 {
-        bail!("--tasks must be at least 1");
+            .collect());
     }
-    let templates_dir = std::path::absolute(&args.templates_dir)
-        .with_context(|| format!("{}", args.templates_dir.display()))?;
-    let options = GenerateOptions {
-        agents,
-        types,
-        tasks: args.tasks,
-        seed: args.seed,
-        holdout_agent: args.holdout_agent.clone(),
-        templates_dir,
-        keyword: !args.no_keyword,
-        python: args.python.clone(),
-        timeout: Duration::from_secs(args.timeout),
-        max_episodes: args.max_episodes,
-        llm: args.llm.clone(),
+    let mut ids = Vec::new();
+    for t in given {
+        match catalog.get(t) {
+            Some(d) => ids.push(d.id.clone()),
+            None => bail!("--types: {t:?} is not a catalog id (P1–P27, C1–C23)"),
+        }
+    }
+    Ok(ids)
+}
+
+fn sweep(args: SweepArgs) -> Result<()> {
+    let only = match &args.failed_in {
+        Some(dir) => Some(
+            corpus::sweep::failed_pairs(dir)
+                .with_context(|| format!("reading the episodes of {}", dir.display()))?,
+        ),
+        None => None,
     };
-    let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let (workspace, catalog, mut options) = args.episodes.open(args.tasks, 0)?;
+    // Non-triviality is for corpora; a sweep only asks where a template validates.
+    options.keyword = false;
+    let templates_dir = options.templates_dir.clone();
+    let mut progress = Progress::new();
+    let result = corpus::sweep::sweep(
+        &workspace,
+        &catalog,
+        &options,
+        only.as_ref(),
+        &args.out,
+        |done, total, m| progress.episode(done, total, m),
+    )?;
+    progress.bar.finish_and_clear();
+    let (episodes, valid) = result.totals();
+    println!(
+        "{}: {valid}/{episodes} episodes valid over {} templates (sweep.json)",
+        args.out.display(),
+        result.templates.len()
     );
-    let mut valid = 0;
+    for t in &result.templates {
+        let failures: Vec<String> = t.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "  {:<40} {}/{} valid: {}{}",
+            t.template,
+            t.valid.len(),
+            t.tried.len(),
+            t.valid.join(" "),
+            if failures.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (failed: {}; token counts only {})",
+                    failures.join(", "),
+                    t.token_only
+                )
+            }
+        );
+    }
+    if args.write {
+        let changed = corpus::sweep::write_task_lists(&result, &templates_dir, &catalog)?;
+        for c in &changed {
+            println!(
+                "  wrote {}: tasks {:?} -> {:?}",
+                c.path.display(),
+                c.before,
+                c.after
+            );
+        }
+        println!("{} templates' task lists rewritten", changed.len());
+    }
+    Ok(())
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let (workspace, catalog, mut options) = args.episodes.open(args.tasks, args.seed)?;
+    options.holdout_agent = args.holdout_agent.clone();
+    options.keyword = !args.no_keyword;
+    options.max_episodes = args.max_episodes;
+    let mut progress = Progress::new();
     let finish = corpus::generate(
         &workspace,
         &catalog,
         &options,
         &args.out,
-        |done, total, m| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-            if m.validation.valid {
-                valid += 1;
-            }
-            bar.set_message(format!("{valid} valid; {}", m.id));
-        },
+        |done, total, m| progress.episode(done, total, m),
     )?;
-    bar.finish_and_clear();
+    progress.bar.finish_and_clear();
     match finish {
         Finish::Interrupted {
             completed,
