@@ -324,14 +324,13 @@ pub fn write_task_lists(
         })?;
         // Read back first under the same agent directory and file name (the loader checks
         // both), outside the templates, then written in place atomically.
-        let check_dir = std::env::temp_dir()
-            .join(format!("pathfinder-sweep-{}", std::process::id()))
-            .join(&t.agent);
+        let scratch = std::env::temp_dir().join(format!("pathfinder-sweep-{}", std::process::id()));
+        let check_dir = scratch.join(&t.agent);
         std::fs::create_dir_all(&check_dir).map_err(io(&check_dir))?;
         let check = check_dir.join(path.file_name().unwrap_or_default());
         std::fs::write(&check, &rewritten).map_err(io(&check))?;
         let reread = template::load(&check, catalog);
-        let _ = std::fs::remove_file(&check);
+        let _ = std::fs::remove_dir_all(&scratch);
         match reread {
             Ok(reread) if reread.tasks == after => {}
             Ok(reread) => {
