@@ -481,12 +481,9 @@ pub fn generate(
     let mut manifests = Vec::with_capacity(total);
     let mut completed_now = 0;
     for (i, ep) in planned.episodes.iter().enumerate() {
-        let dir = out.join("episodes").join(episode_dir_name(&ep.id));
-        let manifest_path = dir.join("manifest.json");
+        let manifest_path = manifest_path(out, &ep.id);
         if manifest_path.exists() {
-            let text = std::fs::read_to_string(&manifest_path).map_err(io(&manifest_path))?;
-            let m: Manifest = serde_json::from_str(&text)
-                .map_err(|e| CorpusError::Plan(format!("{}: {e}", manifest_path.display())))?;
+            let m = read_manifest(&manifest_path)?;
             on_episode(i + 1, total, &m);
             manifests.push(m);
             continue;
@@ -505,6 +502,20 @@ pub fn generate(
     }
     let report = publish(out, &planned, &manifests)?;
     Ok(Finish::Complete(report))
+}
+
+/// `OUT/episodes/DIR/manifest.json` of the episode `id`: written last, so its presence means
+/// the episode is complete.
+pub fn manifest_path(out: &Path, id: &str) -> PathBuf {
+    out.join("episodes")
+        .join(episode_dir_name(id))
+        .join("manifest.json")
+}
+
+/// Reads back a manifest an earlier run wrote.
+pub(crate) fn read_manifest(path: &Path) -> Result<Manifest, CorpusError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text).map_err(|e| CorpusError::Plan(format!("{}: {e}", path.display())))
 }
 
 /// Runs single planned episodes into an output directory with the layout above: the clean run

@@ -18,7 +18,7 @@ pub mod validate;
 pub use confusability::Confusability;
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
-    clean_trace_path, episode_dir_name, generate, plan, CorpusError, EpisodeRunner, Finish,
-    GenerateOptions, Manifest, Planned, Report,
+    clean_trace_path, episode_dir_name, generate, manifest_path, plan, CorpusError, EpisodeRunner,
+    Finish, GenerateOptions, Manifest, Planned, Report,
 };
 pub use validate::{Check, NonTriviality, Validation};

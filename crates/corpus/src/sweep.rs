@@ -26,8 +26,8 @@ use serde_json::Value;
 use taxonomy::Catalog;
 
 use crate::generate::{
-    episode_dir_name, io, write_atomic, CorpusError, EpisodeRunner, GenerateOptions, Manifest,
-    Planned,
+    io, manifest_path, read_manifest, write_atomic, CorpusError, EpisodeRunner, GenerateOptions,
+    Manifest, Planned,
 };
 use crate::validate;
 
@@ -43,7 +43,7 @@ pub struct TemplateSweep {
     pub listed: Vec<String>,
     /// Tasks it ran on, in the order tried.
     pub tried: Vec<String>,
-    /// Tasks on which the episode validated, in suite order.
+    /// Tasks on which the episode validated, in the order tried.
     pub valid: Vec<String>,
     /// Failed episodes by the first check that failed.
     pub failures: BTreeMap<String, usize>,
@@ -162,14 +162,9 @@ pub fn sweep(
     let total = planned.episodes.len();
     let mut manifests = Vec::with_capacity(total);
     for (i, ep) in planned.episodes.iter().enumerate() {
-        let manifest_path = out
-            .join("episodes")
-            .join(episode_dir_name(&ep.id))
-            .join("manifest.json");
+        let manifest_path = manifest_path(out, &ep.id);
         let m = if manifest_path.exists() {
-            let text = std::fs::read_to_string(&manifest_path).map_err(io(&manifest_path))?;
-            serde_json::from_str(&text)
-                .map_err(|e| CorpusError::Plan(format!("{}: {e}", manifest_path.display())))?
+            read_manifest(&manifest_path)?
         } else {
             let m = runner.run(ep)?;
             write_atomic(
@@ -183,7 +178,7 @@ pub fn sweep(
         on_episode(i + 1, total, &m);
         manifests.push(m);
     }
-    let result = summarise(workspace, catalog, options, &manifests)?;
+    let result = summarise(catalog, options, &manifests)?;
     write_atomic(
         &out.join("sweep.json"),
         serde_json::to_string_pretty(&result)
@@ -205,48 +200,34 @@ fn settings(options: &Value) -> Value {
     v
 }
 
-/// Groups episodes by template, in plan order.
+/// Groups episodes by template. The plan runs each template's tasks one after another, so a
+/// template's episodes arrive together and its valid tasks in the order tried.
 fn summarise(
-    workspace: &Workspace,
     catalog: &Catalog,
     options: &GenerateOptions,
     manifests: &[Manifest],
 ) -> Result<Sweep, CorpusError> {
     let mut templates: Vec<TemplateSweep> = Vec::new();
-    let mut suites: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for m in manifests {
-        if !suites.contains_key(&m.agent) {
-            let agent = workspace.agent(&m.agent, catalog)?;
-            let ids = workspace
-                .suite(&agent)?
-                .iter()
-                .map(|t| t.id().to_owned())
-                .collect();
-            suites.insert(m.agent.clone(), ids);
-        }
-        let key = (&m.agent, &m.deficiency, &m.variant);
-        let t = match templates
-            .iter_mut()
-            .position(|t| (&t.agent, &t.deficiency, &t.variant) == key)
-        {
-            Some(i) => &mut templates[i],
-            None => {
-                let rel = format!("{}/{}-{}.toml", m.agent, m.deficiency, m.variant);
-                let loaded = template::load(&options.templates_dir.join(&rel), catalog)?;
-                templates.push(TemplateSweep {
-                    agent: m.agent.clone(),
-                    deficiency: m.deficiency.clone(),
-                    variant: m.variant.clone(),
-                    template: rel,
-                    listed: loaded.tasks,
-                    tried: Vec::new(),
-                    valid: Vec::new(),
-                    failures: BTreeMap::new(),
-                    token_only: 0,
-                });
-                templates.last_mut().expect("just pushed")
-            }
+        let same = |t: &TemplateSweep| {
+            (&t.agent, &t.deficiency, &t.variant) == (&m.agent, &m.deficiency, &m.variant)
         };
+        if !templates.last().is_some_and(same) {
+            let rel = format!("{}/{}-{}.toml", m.agent, m.deficiency, m.variant);
+            let loaded = template::load(&options.templates_dir.join(&rel), catalog)?;
+            templates.push(TemplateSweep {
+                agent: m.agent.clone(),
+                deficiency: m.deficiency.clone(),
+                variant: m.variant.clone(),
+                template: rel,
+                listed: loaded.tasks,
+                tried: Vec::new(),
+                valid: Vec::new(),
+                failures: BTreeMap::new(),
+                token_only: 0,
+            });
+        }
+        let t = templates.last_mut().expect("pushed above");
         t.tried.push(m.task.clone());
         match m.validation.failure() {
             None => t.valid.push(m.task.clone()),
@@ -257,15 +238,6 @@ fn summarise(
                 }
             }
         }
-    }
-    for t in &mut templates {
-        let suite = &suites[&t.agent];
-        let valid: BTreeSet<&String> = t.valid.iter().collect();
-        t.valid = suite
-            .iter()
-            .filter(|s| valid.contains(s))
-            .cloned()
-            .collect();
     }
     Ok(Sweep { templates })
 }
@@ -280,9 +252,7 @@ pub fn failed_pairs(corpus: &Path) -> Result<BTreeSet<(String, String)>, CorpusE
         if !path.exists() {
             continue;
         }
-        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-        let m: Manifest = serde_json::from_str(&text)
-            .map_err(|e| CorpusError::Plan(format!("{}: {e}", path.display())))?;
+        let m = read_manifest(&path)?;
         if !m.validation.valid {
             pairs.insert((m.agent, m.deficiency));
         }
@@ -307,6 +277,12 @@ pub fn write_task_lists(
     templates_dir: &Path,
     catalog: &Catalog,
 ) -> Result<Vec<Rewritten>, CorpusError> {
+    // Rewrites are read back first under the same agent directory and file name (the loader
+    // checks both), outside the templates, and only then written in place atomically.
+    let scratch = tempfile::Builder::new()
+        .prefix("pathfinder-sweep")
+        .tempdir()
+        .map_err(io(&std::env::temp_dir()))?;
     let mut changed = Vec::new();
     for t in &sweep.templates {
         let untried = t.listed.iter().filter(|l| !t.tried.contains(l));
@@ -322,15 +298,11 @@ pub fn write_task_lists(
                 path.display()
             ))
         })?;
-        // Read back first under the same agent directory and file name (the loader checks
-        // both), outside the templates, then written in place atomically.
-        let scratch = std::env::temp_dir().join(format!("pathfinder-sweep-{}", std::process::id()));
-        let check_dir = scratch.join(&t.agent);
+        let check_dir = scratch.path().join(&t.agent);
         std::fs::create_dir_all(&check_dir).map_err(io(&check_dir))?;
         let check = check_dir.join(path.file_name().unwrap_or_default());
         std::fs::write(&check, &rewritten).map_err(io(&check))?;
         let reread = template::load(&check, catalog);
-        let _ = std::fs::remove_dir_all(&scratch);
         match reread {
             Ok(reread) if reread.tasks == after => {}
             Ok(reread) => {

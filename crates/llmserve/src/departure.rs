@@ -690,22 +690,20 @@ impl Reading {
 
     /// A text reply that is one JSON object, to a request that asks for JSON, with each
     /// top-level key the request never shows (no example, no schema naming it) renamed the
-    /// way a model names a field it was only told about in words: `final_answer` as `finalAnswer`, `subgoals` as `Subgoals`. The
-    /// agent that reads the object by its own key names then cannot find them; the keys the
-    /// model was shown (in a correction, say) are kept. `None` when nothing is renamed.
+    /// way a model names a field it was only told about in words: `final_answer` as
+    /// `finalAnswer`, `subgoals` as `Subgoals`. The agent that reads the object by its own key
+    /// names then cannot find them; the keys the model was shown (in a correction, say) are
+    /// kept. `None` when nothing is renamed.
     pub fn invent_keys(&self, step: &Step) -> Option<(Step, Vec<String>)> {
-        if !step.tool_calls.is_empty() {
+        // A model that answers in JSON unasked chooses its own keys; only a request for JSON
+        // sets keys the model has to match.
+        if !step.tool_calls.is_empty() || !self.text.contains("JSON") {
             return None;
         }
         let content = step.content.as_deref()?;
         let Ok(Value::Object(object)) = serde_json::from_str::<Value>(content.trim()) else {
             return None;
         };
-        // A model that answers in JSON unasked chooses its own keys; only a request for JSON
-        // sets keys the model has to match.
-        if !self.text.contains("JSON") {
-            return None;
-        }
         let shown: BTreeSet<&str> = tokens(&self.text).collect();
         let unshown: Vec<String> = object
             .keys()

@@ -951,10 +951,7 @@ impl Trainer {
             for (i, manifest, clean) in rx {
                 let manifest = manifest?;
                 // Kept beside the episode for inspection (the corpus layout).
-                let record = out
-                    .join("episodes")
-                    .join(corpus::episode_dir_name(&manifest.id))
-                    .join("manifest.json");
+                let record = corpus::manifest_path(&out, &manifest.id);
                 let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
                 std::fs::write(&record, json).map_err(|e| RlError::io(&record, e))?;
                 if manifest.validation.valid {

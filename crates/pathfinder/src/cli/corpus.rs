@@ -42,7 +42,8 @@ struct SweepArgs {
     /// Only the (agent, type) pairs with a failed episode in this generated corpus.
     #[arg(long, value_name = "CORPUS")]
     failed_in: Option<PathBuf>,
-    /// The sweep's directory; an existing one with the same options is resumed.
+    /// The sweep's directory; one run before with the same seed, templates and model is a
+    /// cache: episodes already run there are not run again.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Replace each swept template's `tasks` list by the tasks it validated on (a template
