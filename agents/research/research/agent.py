@@ -94,12 +94,21 @@ class DeepResearchAgent:
                 stop_reason = "accepted"
                 break
             pending = self._follow_ups(plan, review, round_no + 1)
+            pending = self._re_asked(plan, pending)
         return self._outcome(draft, agg, rounds, stop_reason)
 
     @staticmethod
     def _follow_ups(plan: Plan, review: Review, round_no: int) -> list[SubQuestion]:
         return [SubQuestion(f"r{round_no}q{i}", "Follow-up", text)
                 for i, text in enumerate(review.follow_up, 1)]
+
+    @staticmethod
+    def _re_asked(plan: Plan, follow_ups: list[SubQuestion]) -> list[SubQuestion]:
+        """A follow-up that re-asks a planned sub-question (a second source for a figure) is
+        that sub-question again, under its id, so the aggregation compares the two answers
+        instead of keeping both unseen."""
+        planned = {" ".join(sq.text.casefold().split()): sq for sq in plan.subquestions}
+        return [planned.get(" ".join(sq.text.casefold().split()), sq) for sq in follow_ups]
 
     def _outcome(self, draft: Draft | None, agg: Aggregate | None, rounds: int,
                  stop_reason: str) -> Outcome:

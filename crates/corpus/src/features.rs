@@ -17,7 +17,7 @@ pub struct TraceFeatures {
     /// `pathfinder.fallback` without status ERROR: a reply it could not parse, a call it
     /// retried another way), as `handled KIND`. Both are errors the trace states outright.
     pub errors: BTreeMap<String, usize>,
-    /// Tool names in start order.
+    /// Tool names, each agent's (`gen_ai.agent.name`) in start order, agents by name.
     pub tool_calls: Vec<String>,
     pub llm_calls: usize,
     /// Sums of `gen_ai.usage.input_tokens` / `output_tokens` over LLM spans.
@@ -61,10 +61,19 @@ impl TraceFeatures {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(Value::is_object)
             .collect();
-        spans.sort_by_key(|s| {
-            s.get("start_time_unix_nano")
+        // Each agent's spans in its own start order: agents that work in parallel (research's
+        // researchers) interleave differently from run to run, and that order is no behaviour.
+        spans.sort_by_cached_key(|s| {
+            let agent = s
+                .pointer("/attributes/gen_ai.agent.name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let start = s
+                .get("start_time_unix_nano")
                 .and_then(Value::as_i64)
-                .unwrap_or(0)
+                .unwrap_or(0);
+            (agent, start)
         });
         let mut f = TraceFeatures {
             spans: spans.len(),
@@ -306,5 +315,47 @@ mod tests {
         let h = TraceFeatures::from_jsonl(&handled);
         assert_eq!(h.errors.get("handled society.specify_task"), Some(&1));
         assert_eq!(h.error_count(), 1);
+    }
+
+    #[test]
+    fn parallel_agents_interleaving_differently_give_the_same_features() {
+        let tool = |agent: &str, start: i64, name: &str| {
+            span(
+                "tool",
+                start,
+                "OK",
+                serde_json::json!({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "gen_ai.agent.name": agent, "pathfinder.step_index": 1}),
+            )
+        };
+        // Two researchers at work in parallel: one run has a's search first, the other b's.
+        let one = [
+            tool("a", 1, "search"),
+            tool("b", 2, "read_file"),
+            tool("a", 3, "calculator"),
+        ]
+        .join("\n");
+        let two = [
+            tool("b", 1, "read_file"),
+            tool("a", 2, "search"),
+            tool("a", 3, "calculator"),
+        ]
+        .join("\n");
+        let (f, g) = (
+            TraceFeatures::from_jsonl(&one),
+            TraceFeatures::from_jsonl(&two),
+        );
+        assert_eq!(f.tool_calls, ["search", "calculator", "read_file"]);
+        assert_eq!(FeatureDiff::between(&f, &g).differing(), Vec::<&str>::new());
+        // Within one agent, order is still behaviour.
+        let swapped = [
+            tool("a", 1, "calculator"),
+            tool("b", 2, "read_file"),
+            tool("a", 3, "search"),
+        ]
+        .join("\n");
+        let h = TraceFeatures::from_jsonl(&swapped);
+        assert!(FeatureDiff::between(&f, &h)
+            .differing()
+            .contains(&"tool_calls"));
     }
 }

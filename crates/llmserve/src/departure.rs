@@ -19,6 +19,8 @@
 //! | asks for one fact or one call at a time               | makes one call with one condition ([`Departure::OneAtATime`]) |
 //! | shows a name only in another Unicode form             | copies that form ([`Departure::CopiedSpelling`]) |
 //! | asks for a JSON reply without showing its keys (no example, no schema) | names the keys itself ([`Departure::InventedKeys`]) |
+//! | forbids a command or tool the step uses ("never run the tests yourself")   | leaves that step out ([`Departure::Obeys`]) |
+//! | never says what a finished result is (no "when you know the answer", "once the tests pass") | declares the work done after its first result ([`Departure::StopsEarly`]) |
 //!
 //! Why a real model does this: TRAIL counts formatting errors and instruction non-compliance
 //! as 353 of the 841 errors it annotates in agent traces (42%), and lists tool-selection
@@ -26,7 +28,12 @@
 //! functions) among the rest; TRAJECT-Bench scores tool selection and argument correctness
 //! apart from the final answer because a wrong answer so often starts there. A model cannot
 //! copy a fact that is no longer in its context, and told to rely on its own knowledge it
-//! states a plausible value instead of looking it up.
+//! states a plausible value instead of looking it up. AgentErrorBench finds memory and
+//! reflection errors — an agent misjudging its own progress among them — the commonest
+//! sources of cascading failures: without a stated criterion for done, the first plausible
+//! result looks like the end. And a
+//! model given a rule that contradicts the rest of its instructions follows one of them; a
+//! prohibition, being the more specific, usually wins (TRAIL's instruction non-compliance).
 //!
 //! Clean runs never depart: every fact a script uses is in the prompt a clean agent sends (or
 //! listed in the step's `computed`, for sums and names the model works out), and the clean
@@ -70,6 +77,13 @@ pub enum Departure {
     /// A JSON reply whose key names the request never shows was written with keys of the
     /// model's own naming.
     InventedKeys,
+    /// Told to reply when it is "done" but never what done is, the model declared the work
+    /// finished after its first result and skipped the rest of the script (the checks among
+    /// it), answering with what it had.
+    StopsEarly,
+    /// The system prompt forbids a command or tool the step uses (a rule that contradicts the
+    /// rest of the instructions): the model obeyed it and went on to the next step.
+    Obeys,
 }
 
 impl Departure {
@@ -86,6 +100,8 @@ impl Departure {
             Departure::Refusal => "refusal",
             Departure::RoleConfusion => "role_confusion",
             Departure::InventedKeys => "invented_keys",
+            Departure::StopsEarly => "stops_early",
+            Departure::Obeys => "obeys",
         }
     }
 }
@@ -160,6 +176,36 @@ pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
                 "no system message, or two identities",
             );
         }
+    }
+    let last = steps.len() - 1;
+    if let Some(rule) = reading.forbids(&step) {
+        // The first later step that the rule allows; past the script's end, the last step.
+        let allowed = (n + 1..=last)
+            .map(|k| steps[k].react(|| request.last_observation()).clone())
+            .find(|s| reading.forbids(s).is_none());
+        if let Some(next) = allowed {
+            return Played::new(
+                next,
+                Departure::Obeys,
+                format!("the system prompt says: {rule}"),
+            );
+        }
+    }
+    if turn >= 1 && n < last && reading.finish_criterion().is_none() {
+        let mut done = steps[last].react(|| request.last_observation()).clone();
+        let missing = reading.missing_facts(&done);
+        if let Some(content) = &done.content {
+            done.content = Some(replace_facts(content, &missing, |_| "unknown".to_owned()));
+        }
+        return Played::new(
+            done,
+            Departure::StopsEarly,
+            format!(
+                "no criterion for a finished result; {} of {} steps skipped",
+                last - n,
+                steps.len()
+            ),
+        );
     }
     let (step, respelled) = reading.copy_spellings(step);
     let missing = reading.missing_facts(&step);
@@ -471,6 +517,51 @@ impl Reading {
         }
     }
 
+    /// The clause of the instructions (system messages and the first user message) that says
+    /// when the work is finished, if any: a stop condition on what the model knows or has
+    /// checked — "when you know the answer", "once the tests pass", "until the facts are
+    /// found". "When you are done" or "when you're satisfied" names no such state: a model
+    /// told only that has to guess when to stop (C8), and tends to stop at its first plausible
+    /// result.
+    pub fn finish_criterion(&self) -> Option<String> {
+        const TRIGGERS: &[&str] = &["when", "once", "until", "after", "whenever"];
+        const STATES: &[&str] = &[
+            "know",
+            "knows",
+            "sure",
+            "certain",
+            "confident",
+            "found",
+            "verified",
+            "checked",
+            "confirmed",
+            "pass",
+            "passes",
+            "passed",
+            "succeed",
+            "succeeds",
+            "answer",
+            "answered",
+        ];
+        const WINDOW: usize = 8;
+        let instructions = format!("{}\n{}", self.system, self.first_user);
+        let found = sentences(&instructions).find_map(|sentence| {
+            let lower = sentence.to_lowercase();
+            let words: Vec<&str> = lower
+                .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+                .filter(|w| !w.is_empty())
+                .collect();
+            let stated = words.iter().enumerate().any(|(at, w)| {
+                TRIGGERS.contains(w)
+                    && words[at + 1..words.len().min(at + 1 + WINDOW)]
+                        .iter()
+                        .any(|s| STATES.contains(s))
+            });
+            stated.then(|| sentence.trim().to_owned())
+        });
+        found
+    }
+
     /// Whether `fact` is somewhere in the prompt (numbers by value, at the fact's precision).
     fn has(&self, fact: &Fact) -> bool {
         match fact {
@@ -666,6 +757,48 @@ impl Reading {
             })
             .map(|s| s.trim().trim_start_matches(['-', '*', ' ']).to_owned())
             .collect()
+    }
+
+    /// The prohibition of the system prompt that names a command or tool `step` uses, if any:
+    /// a `never`/`do not`/`must not` sentence holding every word of the command's name
+    /// (`run_tests` in "never run the tests yourself"; a plural counts as its word) and no
+    /// word that limits its scope ("outside", "unless", "before", …).
+    pub fn forbids(&self, step: &Step) -> Option<String> {
+        let commands = step.commands();
+        if commands.is_empty() {
+            return None;
+        }
+        self.prohibitions().into_iter().find(|rule| {
+            let lower = rule.to_lowercase();
+            let forbidding = ["never ", "do not ", "don't ", "must not "]
+                .iter()
+                .any(|p| lower.contains(p));
+            let words: BTreeSet<&str> = lower
+                .split(|c: char| !c.is_alphanumeric())
+                .map(|w| w.strip_suffix('s').filter(|w| w.len() > 2).unwrap_or(w))
+                .collect();
+            // "never edit files outside the repository" limits where, it does not forbid.
+            let scoped = [
+                "outside",
+                "unless",
+                "except",
+                "without",
+                "before",
+                "until",
+                "other than",
+                "instead",
+            ]
+            .iter()
+            .any(|q| lower.contains(q));
+            forbidding
+                && !scoped
+                && commands.iter().any(|command| {
+                    let lower = command.to_lowercase();
+                    lower.split(['_', '-']).filter(|w| !w.is_empty()).all(|w| {
+                        words.contains(w.strip_suffix('s').filter(|w| w.len() > 2).unwrap_or(w))
+                    })
+                })
+        })
     }
 
     /// The question a model with no clear identity asks: when the prompt has no system
@@ -982,7 +1115,7 @@ mod tests {
     fn after_table(table: &str, tools: Value) -> ChatRequest {
         request(
             json!([
-                {"role": "system", "content": "You are a research assistant. Use the tools for every fact."},
+                {"role": "system", "content": "You are a research assistant. Use the tools for every fact. When you know the answer, reply with it as JSON."},
                 {"role": "user", "content": "What is the population of Old Quay and Hillside in 2020?"},
                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "table_lookup", "arguments": "{\"table\":\"population\"}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": table}
@@ -1031,6 +1164,96 @@ mod tests {
         } = play(&script(), 4, &after_table(table, tools()));
         assert_eq!(departure, Departure::GiveUp);
         assert_eq!(step.content.as_deref(), Some("{\"answer\": \"unknown\"}"));
+    }
+
+    #[test]
+    fn without_a_criterion_for_done_the_model_stops_after_its_first_result() {
+        let table = "district,year,population\nOld Quay,2020,2980\nHillside,2020,4925";
+        let vague = |system: &str| {
+            let mut r = after_table(table, tools());
+            r.messages[0] =
+                serde_json::from_value(json!({"role": "system", "content": system})).unwrap();
+            r
+        };
+        // "When you are done" names no state that ends the work.
+        let done = vague("You are a research assistant. Use the tools for every fact. When you are done, reply with JSON.");
+        assert_eq!(done_reading(&done), None);
+        let Played {
+            step, departure, ..
+        } = play(&script(), 1, &done);
+        assert_eq!(departure, Departure::StopsEarly);
+        // The calculator step is skipped; its result is not in the prompt, so the answer is
+        // what the model has: nothing for the sum.
+        assert!(step.tool_calls.is_empty());
+        assert_eq!(step.content.as_deref(), Some("{\"answer\": \"unknown\"}"));
+        // The first turn is played as written: the model has no result to stop at yet.
+        assert_eq!(play(&script(), 0, &done).departure, Departure::Scripted);
+        // Past the script's last step there is nothing left to skip.
+        assert_ne!(play(&script(), 2, &done).departure, Departure::StopsEarly);
+        // A stop condition on a state, in the system prompt or the first user message, is a
+        // criterion: the script plays as written.
+        for system in [
+            "Use the tools. Submit once the tests pass.",
+            "Keep giving me instructions until the facts are found.",
+            "When you have the answer, reply without calling a tool.",
+        ] {
+            let r = vague(system);
+            assert!(done_reading(&r).is_some(), "{system}");
+            assert_eq!(
+                play(&script(), 1, &r).departure,
+                Departure::Scripted,
+                "{system}"
+            );
+        }
+        // "when" and "once" about something else are not criteria.
+        let r = vague("Call several tools at once when their results do not depend on each other. When you're satisfied, reply.");
+        assert_eq!(done_reading(&r), None);
+    }
+
+    #[test]
+    fn a_forbidden_command_is_left_out() {
+        let text = |t: &str| text_step(t.to_owned());
+        let steps = vec![
+            text("DISCUSSION\nFix the loop.\n\n```\nedit 9:9\n    x + 1\nend_of_edit\n```"),
+            text("Now let me run the tests.\n\n```\nrun_tests\n```"),
+            text("DISCUSSION\nAll tests pass. Submitting.\n\n```\nsubmit\n```"),
+        ];
+        assert_eq!(steps[1].commands(), ["run_tests"]);
+        let with_system = |system: &str| {
+            request(
+                json!([
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "Fix the issue. Run the tests, and submit once they pass."},
+                    {"role": "assistant", "content": "edit"},
+                    {"role": "user", "content": "File updated."}
+                ]),
+                json!([]),
+            )
+        };
+        let contradictory = with_system("You edit code. Keep commands to a minimum: never run the tests yourself, submissions are tested automatically.");
+        let Played {
+            step,
+            departure,
+            why,
+        } = play(&steps, 1, &contradictory);
+        assert_eq!(departure, Departure::Obeys, "{why}");
+        assert_eq!(step, steps[2]);
+        // A rule about something else, or a rule that is not a prohibition, leaves the step.
+        for system in [
+            "You edit code. Never edit files outside the repository.",
+            "You edit code. Never push to the remote.",
+            "You edit code. Run the tests before you submit.",
+        ] {
+            assert_eq!(
+                play(&steps, 1, &with_system(system)).departure,
+                Departure::Scripted,
+                "{system}"
+            );
+        }
+    }
+
+    fn done_reading(request: &ChatRequest) -> Option<String> {
+        Reading::of(request).finish_criterion()
     }
 
     #[test]

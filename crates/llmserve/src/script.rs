@@ -179,6 +179,20 @@ impl Step {
             _ => self,
         }
     }
+
+    /// The commands and tools the step uses: its tool calls' names, and the first word of
+    /// each fenced block in its text (a command-line agent's action, `run_tests`).
+    pub fn commands(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.tool_calls.iter().map(|c| c.name.clone()).collect();
+        if let Some(content) = &self.content {
+            for block in content.split("```").skip(1).step_by(2) {
+                if let Some(word) = block.split_whitespace().next() {
+                    out.push(word.to_owned());
+                }
+            }
+        }
+        out
+    }
 }
 
 /// A parsed script file.
