@@ -190,6 +190,25 @@ pub struct InjectorSection {
     /// Plant only (agent, type, variant, task) combinations the `[eval]` corpus does not hold
     /// in any split, so that every live trace is new to the warm-started Detector.
     pub new_tasks: bool,
+    /// Which types each episode plants (see [`InjectorFocus`]).
+    pub focus: InjectorFocus,
+    /// Folds of the cross-validation behind `focus = "confusion"`.
+    pub focus_folds: usize,
+    /// Added to every type's cross-validated error rate, so that no type stops appearing.
+    pub focus_floor: f64,
+}
+
+/// Which types the Injector's episodes plant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InjectorFocus {
+    /// Any type the options offer: the Injector's policy alone chooses.
+    None,
+    /// Each episode first draws a type with probability proportional to the warm-started
+    /// head's cross-validated error rate on that type's train traces (plus `focus_floor`),
+    /// then the Injector chooses among that type's options: the adversary plants what the
+    /// Detector gets wrong, estimated without touching held-out traces.
+    Confusion,
 }
 
 impl Default for InjectorSection {
@@ -199,6 +218,9 @@ impl Default for InjectorSection {
             max_diff_tokens: 512,
             validated_only: false,
             new_tasks: false,
+            focus: InjectorFocus::None,
+            focus_folds: 5,
+            focus_floor: 0.1,
         }
     }
 }
@@ -529,6 +551,20 @@ impl RunConfig {
                 "needs a corpus to read the combinations it holds from (`[eval] corpus`)",
             );
         }
+        if self.injector.focus == InjectorFocus::Confusion {
+            if self.detector.decision != Decision::Head {
+                return bad(
+                    "injector.focus",
+                    "`confusion` needs the decision head (`[detector] decision = \"head\"`), whose errors it estimates",
+                );
+            }
+            if self.injector.focus_folds < 2 {
+                return bad("injector.focus_folds", "must be at least 2");
+            }
+            if !(self.injector.focus_floor > 0.0 && self.injector.focus_floor.is_finite()) {
+                return bad("injector.focus_floor", "must be a positive number");
+            }
+        }
         if self.injector.validated_only && self.eval.corpus.is_empty() {
             return bad(
                 "injector.validated_only",
@@ -628,11 +664,22 @@ mod tests {
                 "[detector]\ndecision = \"head\"\n[higher_order]\nenabled = false\n",
                 "detector.decision",
             ),
+            ("[injector]\nfocus = \"confusion\"\n", "injector.focus"),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("z.toml") && e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_repository_configurations_parse() {
+        let rl = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../rl");
+        for name in ["default.toml", "cpu.toml"] {
+            let path = rl.join(name);
+            let text = std::fs::read_to_string(&path).unwrap();
+            RunConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
         }
     }
 }

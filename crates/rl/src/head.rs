@@ -18,6 +18,7 @@
 //! classes), not a sampled estimate. A batch whose advantages are all zero takes no step at all:
 //! the KL term alone would only pull the policy back, teaching nothing.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -95,6 +96,70 @@ pub fn fit(
         components,
         component_model,
     })
+}
+
+/// How often a head misnames each type on traces it was not fitted to: `folds`-fold
+/// cross-validation over the train split (trace i in fold i mod `folds`; each fold named by a
+/// type softmax fitted on the others), as type → (misnamed, traces). Healthy traces count
+/// under `none`. No held-out trace is read.
+pub fn cross_validated_errors(
+    train: &[Labelled],
+    x: &[Vec<f32>],
+    folds: usize,
+    options: &FitOptions,
+) -> Result<BTreeMap<String, (usize, usize)>> {
+    let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let folds = folds.max(2);
+    for fold in 0..folds {
+        let (fit_on, named): (Vec<usize>, Vec<usize>) =
+            (0..train.len()).partition(|i| i % folds != fold);
+        if fit_on.is_empty() || named.is_empty() {
+            continue;
+        }
+        let subset: Vec<Labelled> = fit_on.iter().map(|&i| train[i].clone()).collect();
+        let sx: Vec<Vec<f32>> = fit_on.iter().map(|&i| x[i].clone()).collect();
+        let classes = eval::classifier::Classes::of(&subset);
+        let model = Softmax::fit(&sx, &classes.y, classes.types.len(), options, None, |_| {})
+            .map_err(|e| RlError::Sample(format!("cross-validated head: {e}")))?;
+        for &i in &named {
+            let truth = &train[i].truth.deficiency_id;
+            let guess = &classes.types[model.predict(&x[i])];
+            let entry = out.entry(truth.clone()).or_default();
+            entry.0 += usize::from(guess != truth);
+            entry.1 += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The type an episode plants under `focus = "confusion"`: among `offered` (types with an
+/// option), one drawn with probability ∝ its error rate in `errors` plus `floor` (a type
+/// with no train trace counts as never misnamed), by the uniform number `u` ∈ [0, 1).
+pub fn focus_type<'a>(
+    offered: &[&'a str],
+    errors: &BTreeMap<String, (usize, usize)>,
+    floor: f64,
+    u: f64,
+) -> Option<&'a str> {
+    let weight = |t: &str| {
+        floor
+            + errors
+                .get(t)
+                .filter(|(_, n)| *n > 0)
+                .map_or(0.0, |(e, n)| *e as f64 / *n as f64)
+    };
+    let total: f64 = offered.iter().map(|t| weight(t)).sum();
+    if offered.is_empty() || total <= 0.0 {
+        return None;
+    }
+    let mut left = u.clamp(0.0, 1.0) * total;
+    for t in offered {
+        left -= weight(t);
+        if left < 0.0 {
+            return Some(t);
+        }
+    }
+    offered.last().copied()
 }
 
 /// One sampled decision, ready for PPO.
@@ -433,6 +498,62 @@ pub fn load(dir: &Path, adapter: &str) -> Result<Option<(DecisionHead, DecisionH
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labelled(ty: &str) -> Labelled {
+        Labelled {
+            trace_id: String::new(),
+            truth: eval::metrics::Truth {
+                deficiency_id: ty.into(),
+                component: None,
+                file: None,
+                function: None,
+                step: None,
+                agent: None,
+            },
+            agent: None,
+        }
+    }
+
+    #[test]
+    fn cross_validation_finds_the_types_a_head_confuses() {
+        // A and B share their features (no head can tell them apart); C stands alone.
+        let mut train = Vec::new();
+        let mut x = Vec::new();
+        for i in 0..30 {
+            let (ty, f) = match i % 3 {
+                0 => ("A", [1.0f32, 0.0]),
+                1 => ("B", [1.0, 0.0]),
+                _ => ("C", [0.0, 1.0]),
+            };
+            train.push(labelled(ty));
+            x.push(f.to_vec());
+        }
+        let options = FitOptions {
+            max_epochs: 200,
+            ..FitOptions::default()
+        };
+        let errors = cross_validated_errors(&train, &x, 5, &options).unwrap();
+        assert_eq!(errors["C"], (0, 10));
+        let (ea, na) = errors["A"];
+        let (eb, nb) = errors["B"];
+        assert_eq!((na, nb), (10, 10));
+        // Every A or B trace is named A or B; about half of them wrongly.
+        assert!(ea + eb >= 6, "A {ea}, B {eb}");
+    }
+
+    #[test]
+    fn the_focus_draws_types_in_proportion_to_their_errors() {
+        let errors: BTreeMap<String, (usize, usize)> =
+            [("A".to_owned(), (9, 10)), ("B".to_owned(), (0, 10))].into();
+        let offered = ["A", "B", "C"];
+        // Weights: A 0.9 + 0.1 = 1.0, B 0.1, C (no train trace) 0.1; total 1.2.
+        let draws: Vec<&str> = (0..1200)
+            .map(|k| focus_type(&offered, &errors, 0.1, (k as f64 + 0.5) / 1200.0).unwrap())
+            .collect();
+        let count = |t: &str| draws.iter().filter(|d| **d == t).count();
+        assert_eq!((count("A"), count("B"), count("C")), (1000, 100, 100));
+        assert_eq!(focus_type(&[], &errors, 0.1, 0.5), None);
+    }
 
     fn head(classes: usize, dim: usize) -> Softmax {
         Softmax {

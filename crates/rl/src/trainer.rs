@@ -25,7 +25,7 @@ use policy::{
 };
 
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
-use crate::config::{Decision, InjectorMode, RunConfig, Topology};
+use crate::config::{Decision, InjectorFocus, InjectorMode, RunConfig, Topology};
 use crate::environment::{self, CorpusPrior, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
 use crate::head::{self, HeadSample};
@@ -150,6 +150,9 @@ pub struct Trainer {
     decision_system: Arc<String>,
     /// Train-split traces with their features, replayed in each PPO step (`decision = "head"`).
     replay: Vec<(Labelled, Vec<f32>)>,
+    /// The warm-started head's cross-validated errors per type (`[injector] focus =
+    /// "confusion"`), which the Injector's episodes are drawn by.
+    focus: Option<BTreeMap<String, (usize, usize)>>,
 }
 
 impl Trainer {
@@ -287,6 +290,7 @@ impl Trainer {
             keyword: KeywordPolicy::new().map_err(RlError::Environment)?,
             heads,
             replay: Vec::new(),
+            focus: None,
         })
     }
 
@@ -456,6 +460,19 @@ impl Trainer {
         Ok((train, x))
     }
 
+    /// How the decision head is fitted (`[head]`), logging every `log_every` epochs.
+    fn head_fit_options(&self, log_every: usize) -> linear::FitOptions {
+        let h = &self.config.head;
+        linear::FitOptions {
+            l2: h.l2 as f32,
+            lr: h.lr as f32,
+            max_epochs: h.max_epochs,
+            patience: h.patience,
+            log_every,
+            standardise: true,
+        }
+    }
+
     /// Warm start of the decision head: the language model reads every train trace's probe
     /// battery once, and a softmax over its features is fitted to the labels (types and
     /// `none`; components), its fit logged on train and validation epoch by epoch.
@@ -468,15 +485,7 @@ impl Trainer {
             Some(v) => Some(self.battery_features(v, "val")?),
             None => None,
         };
-        let h = &self.config.head;
-        let options = linear::FitOptions {
-            l2: h.l2 as f32,
-            lr: h.lr as f32,
-            max_epochs: h.max_epochs,
-            patience: h.patience,
-            log_every: 10,
-            standardise: true,
-        };
+        let options = self.head_fit_options(10);
         let mut lines = Vec::new();
         let fitted = head::fit(
             &train.traces,
@@ -653,6 +662,9 @@ impl Trainer {
                 let (train, x) = self.train_features()?;
                 self.replay = train.traces.into_iter().zip(x).collect();
             }
+            if self.config.injector.focus == InjectorFocus::Confusion {
+                self.focus = Some(self.confusion_focus()?);
+            }
         }
 
         let mut env = Environment::new(
@@ -719,6 +731,34 @@ impl Trainer {
             }
         }
         Ok(outcome)
+    }
+
+    /// The head's errors per type by cross-validation on the train split (`[injector] focus =
+    /// "confusion"`), logged and written to `focus.json` in the run directory.
+    fn confusion_focus(&self) -> Result<BTreeMap<String, (usize, usize)>> {
+        let options = self.head_fit_options(0);
+        let (train, x): (Vec<Labelled>, Vec<Vec<f32>>) = self.replay.iter().cloned().unzip();
+        let errors =
+            head::cross_validated_errors(&train, &x, self.config.injector.focus_folds, &options)?;
+        let (missed, total) = errors
+            .values()
+            .fold((0, 0), |(m, t), (e, n)| (m + e, t + n));
+        let mut hardest: Vec<(&String, f64)> = errors
+            .iter()
+            .map(|(t, (e, n))| (t, *e as f64 / (*n).max(1) as f64))
+            .collect();
+        hardest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        tracing::info!(
+            folds = self.config.injector.focus_folds,
+            cv_top1 = 1.0 - missed as f64 / total.max(1) as f64,
+            hardest = ?hardest.iter().take(8).map(|(t, r)| format!("{t} {r:.2}")).collect::<Vec<_>>(),
+            "injector focus: the head's cross-validated errors per type"
+        );
+        let path = self.options.run_dir.join("focus.json");
+        let json = serde_json::to_string_pretty(&errors)
+            .map_err(|e| RlError::Sample(format!("focus.json: {e}")))?;
+        std::fs::write(&path, json).map_err(|e| RlError::io(&path, e))?;
+        Ok(errors)
     }
 
     /// One self-play step: the Injector proposes, the agents run, the Detector investigates,
@@ -832,7 +872,18 @@ impl Trainer {
         for i in 0..n {
             let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
             let diff_mode = self.config.injector.mode == InjectorMode::Diff;
-            let options = env.options(&agent, diff_mode)?;
+            let mut options = env.options(&agent, diff_mode)?;
+            if let Some(errors) = &self.focus {
+                let mut offered: Vec<&str> =
+                    options.iter().map(|o| o.deficiency.as_str()).collect();
+                offered.sort_unstable();
+                offered.dedup();
+                let u = unit(mix(seed, step, i as u64, 7));
+                let floor = self.config.injector.focus_floor;
+                if let Some(ty) = head::focus_type(&offered, errors, floor, u).map(str::to_owned) {
+                    options.retain(|o| o.deficiency == ty);
+                }
+            }
             let info = env.agent(&agent)?;
             let mut choice = {
                 let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
