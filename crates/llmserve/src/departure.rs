@@ -179,7 +179,7 @@ pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
     }
     let last = steps.len() - 1;
     if let Some(rule) = reading.forbids(&step) {
-        // The first later step that the rule allows; past the script's end, the last step.
+        // The first later step that the rule allows; with none, the step plays on below.
         let allowed = (n + 1..=last)
             .map(|k| steps[k].react(|| request.last_observation()).clone())
             .find(|s| reading.forbids(s).is_none());
@@ -775,7 +775,7 @@ impl Reading {
                 .any(|p| lower.contains(p));
             let words: BTreeSet<&str> = lower
                 .split(|c: char| !c.is_alphanumeric())
-                .map(|w| w.strip_suffix('s').filter(|w| w.len() > 2).unwrap_or(w))
+                .map(singular)
                 .collect();
             // "never edit files outside the repository" limits where, it does not forbid.
             let scoped = [
@@ -794,9 +794,10 @@ impl Reading {
                 && !scoped
                 && commands.iter().any(|command| {
                     let lower = command.to_lowercase();
-                    lower.split(['_', '-']).filter(|w| !w.is_empty()).all(|w| {
-                        words.contains(w.strip_suffix('s').filter(|w| w.len() > 2).unwrap_or(w))
-                    })
+                    lower
+                        .split(['_', '-'])
+                        .filter(|w| !w.is_empty())
+                        .all(|w| words.contains(singular(w)))
                 })
         })
     }
@@ -1019,6 +1020,13 @@ fn identities(text: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// A word without a plural `s` (`tests` → `test`; short words such as `is` kept as they are).
+fn singular(word: &str) -> &str {
+    word.strip_suffix('s')
+        .filter(|w| w.len() > 2)
+        .unwrap_or(word)
 }
 
 /// Sentences: split at `.`, `!`, `?`, `;` followed by a space or line end, and at line ends.
