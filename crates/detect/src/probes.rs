@@ -59,7 +59,7 @@ FROM spans WHERE trace_id = {T} AND is_error = 1 GROUP BY error_type, kind, name
     },
     Probe {
         name: "flags",
-        purpose: "signature flags in errors and model replies",
+        purpose: "signature flags in errors, model replies and their token counts",
         sql: "SELECT 'flag ' || f || ' ' || n AS signal FROM (\
 SELECT 'temperature' AS f, SUM(is_error AND error_message LIKE '%temperature%') AS n FROM spans WHERE trace_id = {T} \
 UNION ALL SELECT 'tool_choice', SUM(is_error AND error_message LIKE '%tool_choice%') FROM spans WHERE trace_id = {T} \
@@ -77,6 +77,7 @@ UNION ALL SELECT 'rate_limit', SUM(is_error AND (error_message LIKE '%429%' OR e
 UNION ALL SELECT 'refusal', SUM(kind = 'llm' AND (output LIKE '%not allowed to%' OR output LIKE '%would violate%' OR output LIKE '%under the rules%')) FROM spans WHERE trace_id = {T} \
 UNION ALL SELECT 'fenced_reply', SUM(kind = 'llm' AND output LIKE '```%') FROM spans WHERE trace_id = {T} \
 UNION ALL SELECT 'empty_reply', SUM(kind = 'llm' AND COALESCE(output, '') = '') FROM spans WHERE trace_id = {T} \
+UNION ALL SELECT 'token_undercount', SUM(kind = 'llm' AND output_tokens >= 0 AND length(output) >= 40 AND output_tokens * 20 < length(output)) FROM spans WHERE trace_id = {T} \
 UNION ALL SELECT 'retry_span', SUM(name LIKE '%retry%' OR name LIKE '%backoff%') FROM spans WHERE trace_id = {T} \
 UNION ALL SELECT 'summarize_span', SUM(name LIKE '%summar%' OR name LIKE '%compress%' OR name LIKE '%truncat%') FROM spans WHERE trace_id = {T}\
 ) WHERE n > 0",

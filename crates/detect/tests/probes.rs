@@ -73,3 +73,42 @@ fn planted_signatures_reach_the_digests() {
         assert!(digest.contains(signal), "{id}: {digest}");
     }
 }
+
+#[test]
+fn replies_counted_far_below_their_text_are_flagged() {
+    // One synthetic run as recorded, and the same run with every long reply's usage read from
+    // a partial buffer (P1's signature: a handful of tokens for a long answer).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traces.db");
+    let mut store = traces::Store::open(&path).unwrap();
+    let (spans, _) = detect::synthetic::scenario("C12", &format!("{:032x}", 1), 3).unwrap();
+    let mut undercounted = detect::synthetic::scenario("C12", &format!("{:032x}", 2), 3)
+        .unwrap()
+        .0;
+    let mut changed = 0;
+    for s in &mut undercounted {
+        if s.output.as_deref().is_some_and(|o| o.len() >= 40) && s.output_tokens.is_some() {
+            s.output_tokens = Some(1);
+            changed += 1;
+        }
+    }
+    assert!(changed > 0);
+    store.import_spans(spans, "synthetic:C12").unwrap();
+    store.import_spans(undercounted, "synthetic:P1").unwrap();
+    drop(store);
+    let sql = SqlTool::open(&path, SqlLimits::default()).unwrap();
+    let flags = probes::by_name("flags").unwrap();
+    let digest = |t: u128| probes::digest(&sql.run(&flags.query(&format!("{t:032x}"))).unwrap());
+    assert!(!digest(1).contains("token_undercount"), "{}", digest(1));
+    assert!(
+        digest(2).contains(&format!("flag token_undercount {changed}")),
+        "{}",
+        digest(2)
+    );
+    // No scenario as recorded counts its replies that far below their text.
+    let (_dir, sql, labels) = scenarios();
+    for (trace, _) in &labels {
+        let d = probes::digest(&sql.run(&flags.query(trace)).unwrap());
+        assert!(!d.contains("token_undercount"), "{trace}: {d}");
+    }
+}

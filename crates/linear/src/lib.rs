@@ -163,6 +163,11 @@ pub struct Softmax {
     /// Per-feature mean and inverse standard deviation applied before the product.
     pub mean: Vec<f32>,
     pub inv_std: Vec<f32>,
+    /// A fixed shift of each class's score, added after the fit and never trained (empty: no
+    /// shift): the decision's operating point, e.g. how much more evidence a deficiency needs
+    /// than `none` before a detector names it. [`Softmax::fitted_logits_z`] leaves it out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prior: Vec<f32>,
 }
 
 fn check(x: &[Vec<f32>], y: &[usize], classes: usize) -> Result<usize> {
@@ -265,6 +270,7 @@ impl Softmax {
             bias: vec![0.0; classes],
             mean,
             inv_std,
+            prior: Vec::new(),
         };
         let z: Vec<Vec<f32>> = x.iter().map(|v| model.standardised(v)).collect();
         let (mut mw, mut vw) = (vec![0f32; classes * dim], vec![0f32; classes * dim]);
@@ -278,7 +284,7 @@ impl Softmax {
             let mut gb = vec![0f32; classes];
             let mut lps = Vec::with_capacity(n);
             for (zi, &yi) in z.iter().zip(y) {
-                let mut lp = model.logits_z(zi);
+                let mut lp = model.fitted_logits_z(zi);
                 log_softmax(&mut lp);
                 for k in 0..classes {
                     let g = (lp[k].exp() - f32::from(k == yi)) / n as f32;
@@ -347,8 +353,17 @@ impl Softmax {
             .collect()
     }
 
-    /// The scores of an already standardised `z`.
+    /// The scores of an already standardised `z`, with the [`Softmax::prior`] shift: what
+    /// a decision acts on.
     pub fn logits_z(&self, z: &[f32]) -> Vec<f32> {
+        let mut l = self.fitted_logits_z(z);
+        l.iter_mut().zip(&self.prior).for_each(|(l, p)| *l += p);
+        l
+    }
+
+    /// W·z + b without the prior shift: the model of the training data's labels, which a
+    /// cross-entropy fit changes.
+    pub fn fitted_logits_z(&self, z: &[f32]) -> Vec<f32> {
         (0..self.classes)
             .map(|k| {
                 let row = &self.weight[k * self.dim..(k + 1) * self.dim];
@@ -439,6 +454,26 @@ mod tests {
         assert_eq!(last.train_top1, 1.0);
         assert!(last.train_nll < logs[0].train_nll);
         assert_eq!(last.val_top1, Some(1.0));
+    }
+
+    #[test]
+    fn a_prior_shifts_the_decision_but_not_the_fit() {
+        let (x, y) = blobs();
+        let mut m = Softmax::fit(&x, &y, 3, &FitOptions::default(), None, |_| {}).unwrap();
+        let z = m.standardised(&x[0]);
+        let fitted = m.logits_z(&z);
+        assert_eq!(m.predict(&x[0]), 0);
+        // A written model without the field (an older checkpoint) reads back with no shift.
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(!json.contains("prior"));
+        assert_eq!(serde_json::from_str::<Softmax>(&json).unwrap(), m);
+        m.prior = vec![0.0, 1e3, 0.0];
+        assert_eq!(m.predict(&x[0]), 1);
+        assert_eq!(m.fitted_logits_z(&z), fitted);
+        assert!((m.logits_z(&z)[1] - fitted[1] - 1e3).abs() < 1e-2);
+        assert!((m.probs(&x[0]).iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        let back: Softmax = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]

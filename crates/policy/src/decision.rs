@@ -288,6 +288,19 @@ impl DecisionHead {
             .map_or(best, |(i, _)| i)
     }
 
+    /// Raises `none`'s score by `shift` in every decision (greedy and sampled alike), so a
+    /// deficiency is named only when its evidence beats a healthy reading by that margin: the
+    /// operating point for users whose traces are mostly healthy. A head without `none` is
+    /// left as it is.
+    pub fn set_none_shift(&mut self, shift: f32) {
+        let Some(k) = self.types.iter().position(|t| t == NONE) else {
+            return;
+        };
+        let mut prior = vec![0.0; self.types.len()];
+        prior[k] = shift;
+        self.type_model.prior = prior;
+    }
+
     /// The `answer:` line of a decision.
     pub fn answer(&self, d: &Decision) -> String {
         let t = &self.types[d.type_index];
@@ -321,6 +334,7 @@ impl DecisionHead {
             .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
         let consistent = |m: &Softmax, classes: usize| {
             m.classes == classes
+                && (m.prior.is_empty() || m.prior.len() == m.classes)
                 && m.weight.len() == m.classes * m.dim
                 && m.bias.len() == m.classes
                 && m.mean.len() == m.dim
@@ -429,16 +443,21 @@ mod tests {
         assert_eq!(linear::argmax(&lp), 1);
     }
 
-    #[test]
-    fn a_deficiency_is_never_placed_at_no_component() {
-        let model = |classes: usize, bias: Vec<f32>| linear::Softmax {
+    /// A one-feature softmax whose scores are its biases.
+    fn model(classes: usize, bias: Vec<f32>) -> linear::Softmax {
+        linear::Softmax {
             classes,
             dim: 1,
             weight: vec![0.0; classes],
             bias,
             mean: vec![0.0],
             inv_std: vec![1.0],
-        };
+            prior: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_deficiency_is_never_placed_at_no_component() {
         // Components: none (the most likely), tools.schema, llm_client.request.
         let head = DecisionHead {
             types: vec![NONE.into(), "P16".into()],
@@ -463,5 +482,30 @@ mod tests {
         };
         let d = healthy.decide(&[0.0], 0.0, 0.0);
         assert!(healthy.answer(&d).starts_with("answer: none none |"));
+    }
+
+    #[test]
+    fn a_none_shift_moves_the_whole_distribution_towards_none() {
+        let mut head = DecisionHead {
+            types: vec!["P1".into(), NONE.into(), "C8".into()],
+            type_model: model(3, vec![1.0, 0.0, 0.5]),
+            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
+            component_model: model(2, vec![0.0, 1.0]),
+        };
+        assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
+        head.set_none_shift(1.5);
+        let d = head.decide(&[0.0], 0.0, 0.0);
+        assert_eq!(head.types[d.type_index], NONE);
+        // Still one distribution over whole options, greedy its argmax, sampling from it.
+        let p: Vec<f32> = d.type_log_probs.iter().map(|l| l.exp()).collect();
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        assert_eq!(linear::argmax(&d.type_log_probs), d.type_index);
+        let want = 1.5f32.exp() / (1f32.exp() + 1.5f32.exp() + 0.5f32.exp());
+        assert!((p[1] - want).abs() < 1e-5);
+        // It is kept through a save and load.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("head.json");
+        head.save(&path).unwrap();
+        assert_eq!(DecisionHead::load(&path).unwrap(), head);
     }
 }

@@ -66,6 +66,14 @@ pub struct HeadConfig {
     /// Train-split traces replayed in each PPO step beside the live ones, so that every type
     /// keeps appearing in the batches (the Injector plants only a few types a step).
     pub replay: usize,
+    /// The decision's operating point: the share of the train split's healthy traces that
+    /// must be answered `none` by heads that did not fit them (`folds`-fold cross-validation).
+    /// The warm start raises `none`'s score by the smallest amount that meets it
+    /// (`head::none_shift`), so a deficiency is named only on evidence that beats a healthy
+    /// reading by that margin; most traces a user brings are healthy. 0 leaves the fit as is.
+    pub none_target: f64,
+    /// Folds of the cross-validation that sets the operating point.
+    pub folds: usize,
 }
 
 impl Default for HeadConfig {
@@ -77,6 +85,8 @@ impl Default for HeadConfig {
             patience: 60,
             ppo_lr: 0.02,
             replay: 24,
+            none_target: 0.9,
+            folds: 5,
         }
     }
 }
@@ -583,6 +593,12 @@ impl RunConfig {
                     "head.lr / head.ppo_lr / head.l2",
                     "must be positive (l2 may be 0)",
                 );
+            }
+            if !(0.0..=1.0).contains(&self.head.none_target) {
+                return bad("head.none_target", "must be a share between 0 and 1");
+            }
+            if self.head.folds < 2 {
+                return bad("head.folds", "cross-validation needs at least 2 folds");
             }
         }
         if !(self.sft.decision_weight > 0.0 && self.sft.decision_weight.is_finite()) {

@@ -98,17 +98,54 @@ pub fn fit(
     })
 }
 
-/// How often a head misnames each type on traces it was not fitted to: `folds`-fold
-/// cross-validation over the train split (trace i in fold i mod `folds`; each fold named by a
-/// type softmax fitted on the others), as type → (misnamed, traces). Healthy traces count
-/// under `none`. No held-out trace is read.
-pub fn cross_validated_errors(
+/// One train trace as a head fitted without it reads it (cross-validation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfFold {
+    /// The trace's labelled type (`none` for a healthy trace).
+    pub truth: String,
+    /// The fold's head's log-probabilities over `classes` (the types of the traces it fitted).
+    pub log_probs: Vec<f32>,
+    pub classes: Vec<String>,
+}
+
+impl OutOfFold {
+    /// The type named when `shift` is added to `none`'s score (the first class on ties).
+    pub fn named(&self, shift: f32) -> &str {
+        let scores: Vec<f32> = self
+            .log_probs
+            .iter()
+            .zip(&self.classes)
+            .map(|(l, c)| if c == decision::NONE { l + shift } else { *l })
+            .collect();
+        &self.classes[linear::argmax(&scores)]
+    }
+
+    /// How far `none`'s score falls short of the best other class's (≤ 0: `none` is named;
+    /// infinite when the fold's head has no `none` class).
+    fn none_margin(&self) -> f32 {
+        let Some(k) = self.classes.iter().position(|c| c == decision::NONE) else {
+            return f32::INFINITY;
+        };
+        let best = self
+            .log_probs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != k)
+            .map(|(_, l)| *l)
+            .fold(f32::NEG_INFINITY, f32::max);
+        best - self.log_probs[k]
+    }
+}
+
+/// `folds`-fold cross-validation over the train split: trace i falls in fold i mod `folds`
+/// and is read by a type softmax fitted on the other folds. No held-out trace is read.
+pub fn out_of_fold(
     train: &[Labelled],
     x: &[Vec<f32>],
     folds: usize,
     options: &FitOptions,
-) -> Result<BTreeMap<String, (usize, usize)>> {
-    let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+) -> Result<Vec<OutOfFold>> {
+    let mut out: Vec<Option<OutOfFold>> = vec![None; train.len()];
     let folds = folds.max(2);
     for fold in 0..folds {
         let (fit_on, named): (Vec<usize>, Vec<usize>) =
@@ -122,14 +159,71 @@ pub fn cross_validated_errors(
         let model = Softmax::fit(&sx, &classes.y, classes.types.len(), options, None, |_| {})
             .map_err(|e| RlError::Sample(format!("cross-validated head: {e}")))?;
         for &i in &named {
-            let truth = &train[i].truth.deficiency_id;
-            let guess = &classes.types[model.predict(&x[i])];
-            let entry = out.entry(truth.clone()).or_default();
-            entry.0 += usize::from(guess != truth);
-            entry.1 += 1;
+            out[i] = Some(OutOfFold {
+                truth: train[i].truth.deficiency_id.clone(),
+                log_probs: model.log_probs(&x[i]),
+                classes: classes.types.clone(),
+            });
         }
     }
-    Ok(out)
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// How often a head misnames each type on traces it was not fitted to, from
+/// [`out_of_fold`]'s readings: type → (misnamed, traces). Healthy traces count under `none`.
+pub fn cross_validated_errors(read: &[OutOfFold]) -> BTreeMap<String, (usize, usize)> {
+    let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for r in read {
+        let entry = out.entry(r.truth.clone()).or_default();
+        entry.0 += usize::from(r.named(0.0) != r.truth);
+        entry.1 += 1;
+    }
+    out
+}
+
+/// The decision's operating point: how much `none`'s score is raised (see
+/// [`policy::decision::DecisionHead::set_none_shift`]) and what that does on the train
+/// split's out-of-fold readings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct NoneShift {
+    pub shift: f32,
+    /// The share of healthy traces answered `none` that was asked for.
+    pub target: f64,
+    pub healthy: usize,
+    pub healthy_none_before: usize,
+    pub healthy_none_after: usize,
+    pub deficient: usize,
+    pub deficient_named_before: usize,
+    pub deficient_named_after: usize,
+}
+
+/// The smallest shift of `none`'s score (zero or more) under which at least `target` of the
+/// healthy traces among `read` are answered `none`: the ⌈target·H⌉-th smallest of their
+/// margins (best other class's log-probability minus `none`'s), just passed. A fraction set
+/// on train traces the heads did not fit, so it carries to traces no head has seen; what it
+/// costs is counted on the deficient traces of the same readings.
+pub fn none_shift(read: &[OutOfFold], target: f64) -> NoneShift {
+    let healthy: Vec<&OutOfFold> = read.iter().filter(|r| r.truth == decision::NONE).collect();
+    let mut margins: Vec<f32> = healthy.iter().map(|r| r.none_margin()).collect();
+    margins.sort_by(f32::total_cmp);
+    let need =
+        ((target.clamp(0.0, 1.0) * healthy.len() as f64 - 1e-9).ceil() as usize).min(margins.len());
+    let shift = match need.checked_sub(1).map(|i| margins[i]) {
+        Some(m) if m.is_finite() && m >= 0.0 => m + 1e-3,
+        _ => 0.0,
+    };
+    let deficient: Vec<&OutOfFold> = read.iter().filter(|r| r.truth != decision::NONE).collect();
+    let right = |set: &[&OutOfFold], s: f32| set.iter().filter(|r| r.named(s) == r.truth).count();
+    NoneShift {
+        shift,
+        target,
+        healthy: healthy.len(),
+        healthy_none_before: right(&healthy, 0.0),
+        healthy_none_after: right(&healthy, shift),
+        deficient: deficient.len(),
+        deficient_named_before: right(&deficient, 0.0),
+        deficient_named_after: right(&deficient, shift),
+    }
 }
 
 /// The type an episode plants under `focus = "confusion"`: among `offered` (types with an
@@ -344,6 +438,8 @@ pub struct ReviewStats {
 /// is one mean over F ∪ A instead (each gradient divided by |F| + |A|): a live example weighs
 /// what a train trace weighs, so the live stream grows the train set rather than outweighing
 /// it (with 10–20 misses, the two means give each miss the weight of 15–30 train traces).
+/// The fit is of W·z + b alone ([`Softmax::fitted_logits_z`]): the operating point's fixed
+/// shift of `none` is not a label frequency, and a cross-entropy fit would wear it away.
 pub fn review(
     head: &mut Softmax,
     failures: &[Failure],
@@ -362,7 +458,7 @@ pub fn review(
         let lps: Vec<Vec<f32>> = set
             .iter()
             .map(|(z, _)| {
-                let mut lp = head.logits_z(z);
+                let mut lp = head.fitted_logits_z(z);
                 linear::log_softmax(&mut lp);
                 lp
             })
@@ -395,7 +491,7 @@ pub fn review(
         };
         for (set, weight) in [(&zf, wf), (&za, wa)] {
             for (z, y) in set.iter() {
-                let mut lp = head.logits_z(z);
+                let mut lp = head.fitted_logits_z(z);
                 linear::log_softmax(&mut lp);
                 for c in 0..k {
                     let g = (lp[c].exp() - f32::from(c == *y)) * weight;
@@ -532,13 +628,60 @@ mod tests {
             max_epochs: 200,
             ..FitOptions::default()
         };
-        let errors = cross_validated_errors(&train, &x, 5, &options).unwrap();
+        let read = out_of_fold(&train, &x, 5, &options).unwrap();
+        assert_eq!(read.len(), train.len());
+        let errors = cross_validated_errors(&read);
         assert_eq!(errors["C"], (0, 10));
         let (ea, na) = errors["A"];
         let (eb, nb) = errors["B"];
         assert_eq!((na, nb), (10, 10));
         // Every A or B trace is named A or B; about half of them wrongly.
         assert!(ea + eb >= 6, "A {ea}, B {eb}");
+    }
+
+    #[test]
+    fn the_none_shift_is_the_smallest_that_meets_the_target() {
+        // Healthy traces whose best other class beats `none` by 0.5, 1.0, 2.0 and 4.0 nats,
+        // one already named `none`, and two deficient traces named right by 1.5 and 3.0.
+        let read = |truth: &str, lp: [f32; 3]| OutOfFold {
+            truth: truth.into(),
+            log_probs: lp.to_vec(),
+            classes: vec!["P1".into(), "none".into(), "C8".into()],
+        };
+        let reads = vec![
+            read("none", [-1.0, -1.5, -3.0]),
+            read("none", [-1.0, -2.0, -3.0]),
+            read("none", [-3.0, -3.0, -1.0]),
+            read("none", [-1.0, -5.0, -3.0]),
+            read("none", [-3.0, -1.0, -3.0]),
+            read("P1", [-0.5, -2.0, -3.0]),
+            read("C8", [-3.0, -4.0, -1.0]),
+        ];
+        // 60% of five healthy traces is three: `none` already wins one, and the shift must
+        // pass the second-smallest margin (1.0).
+        let s = none_shift(&reads, 0.6);
+        assert!((s.shift - 1.001).abs() < 1e-4, "{s:?}");
+        assert_eq!(
+            (s.healthy, s.healthy_none_before, s.healthy_none_after),
+            (5, 1, 3)
+        );
+        // It costs the deficient trace whose margin over `none` is 1.5 nothing; at 80%
+        // (margin 2.0) the P1 trace, 1.5 ahead, goes to `none`.
+        assert_eq!(
+            (
+                s.deficient,
+                s.deficient_named_before,
+                s.deficient_named_after
+            ),
+            (2, 2, 2)
+        );
+        let s = none_shift(&reads, 0.8);
+        assert!((s.shift - 2.001).abs() < 1e-4);
+        assert_eq!((s.healthy_none_after, s.deficient_named_after), (4, 1));
+        // A target met already, or none at all, shifts nothing.
+        assert_eq!(none_shift(&reads, 0.2).shift, 0.0);
+        assert_eq!(none_shift(&reads, 0.0).shift, 0.0);
+        assert_eq!(none_shift(&reads[5..], 0.9).healthy, 0);
     }
 
     #[test]
@@ -563,6 +706,7 @@ mod tests {
             bias: vec![0.0; classes],
             mean: vec![0.0; dim],
             inv_std: vec![1.0; dim],
+            prior: Vec::new(),
         }
     }
 

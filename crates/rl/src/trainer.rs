@@ -150,6 +150,8 @@ pub struct Trainer {
     decision_system: Arc<String>,
     /// Train-split traces with their features, replayed in each PPO step (`decision = "head"`).
     replay: Vec<(Labelled, Vec<f32>)>,
+    /// The train split read out of fold, with the fold count (see `Trainer::out_of_fold`).
+    out_of_fold: Option<(usize, Vec<head::OutOfFold>)>,
     /// The warm-started head's cross-validated errors per type (`[injector] focus =
     /// "confusion"`), which the Injector's episodes are drawn by.
     focus: Option<BTreeMap<String, (usize, usize)>>,
@@ -290,6 +292,7 @@ impl Trainer {
             keyword: KeywordPolicy::new().map_err(RlError::Environment)?,
             heads,
             replay: Vec::new(),
+            out_of_fold: None,
             focus: None,
         })
     }
@@ -523,10 +526,61 @@ impl Trainer {
             );
         }
         metrics::append_all(&self.options.run_dir.join("metrics.jsonl"), &lines)?;
-        self.heads = Some((fitted.clone(), fitted));
         self.replay = train.traces.into_iter().zip(train_x).collect();
+        let mut fitted = fitted;
+        if self.config.head.none_target > 0.0 {
+            let point = self.operating_point()?;
+            fitted.set_none_shift(point.shift);
+        }
+        self.heads = Some((fitted.clone(), fitted));
         self.state.warm_started = true;
         Ok(())
+    }
+
+    /// The train split read out of fold (`folds`-fold cross-validation of the type head),
+    /// computed once per fold count and kept for the operating point and the focus.
+    fn out_of_fold(&mut self, folds: usize) -> Result<Vec<head::OutOfFold>> {
+        if let Some((k, read)) = &self.out_of_fold {
+            if *k == folds {
+                return Ok(read.clone());
+            }
+        }
+        let options = self.head_fit_options(0);
+        let (train, x): (Vec<Labelled>, Vec<Vec<f32>>) = self.replay.iter().cloned().unzip();
+        let read = head::out_of_fold(&train, &x, folds, &options)?;
+        self.out_of_fold = Some((folds, read.clone()));
+        Ok(read)
+    }
+
+    /// The decision's operating point (`[head] none_target`): the shift of `none`'s score set
+    /// on the train split's out-of-fold readings, logged and written to `operating-point.json`
+    /// in the run directory.
+    fn operating_point(&mut self) -> Result<head::NoneShift> {
+        let read = self.out_of_fold(self.config.head.folds)?;
+        let point = head::none_shift(&read, self.config.head.none_target);
+        let share = |a: usize, n: usize| a as f64 / n.max(1) as f64;
+        tracing::info!(
+            shift = point.shift,
+            target = point.target,
+            healthy_none = format!(
+                "{:.3} -> {:.3} of {}",
+                share(point.healthy_none_before, point.healthy),
+                share(point.healthy_none_after, point.healthy),
+                point.healthy
+            ),
+            deficient_named = format!(
+                "{:.3} -> {:.3} of {}",
+                share(point.deficient_named_before, point.deficient),
+                share(point.deficient_named_after, point.deficient),
+                point.deficient
+            ),
+            "operating point: `none` raised until the target share of healthy train traces (out of fold) is answered `none`"
+        );
+        let path = self.options.run_dir.join("operating-point.json");
+        let json = serde_json::to_string_pretty(&point)
+            .map_err(|e| RlError::Sample(format!("operating-point.json: {e}")))?;
+        std::fs::write(&path, json).map_err(|e| RlError::io(&path, e))?;
+        Ok(point)
     }
 
     /// Supervised warm start on the expert's demonstrations of the corpus's train split.
@@ -735,11 +789,9 @@ impl Trainer {
 
     /// The head's errors per type by cross-validation on the train split (`[injector] focus =
     /// "confusion"`), logged and written to `focus.json` in the run directory.
-    fn confusion_focus(&self) -> Result<BTreeMap<String, (usize, usize)>> {
-        let options = self.head_fit_options(0);
-        let (train, x): (Vec<Labelled>, Vec<Vec<f32>>) = self.replay.iter().cloned().unzip();
-        let errors =
-            head::cross_validated_errors(&train, &x, self.config.injector.focus_folds, &options)?;
+    fn confusion_focus(&mut self) -> Result<BTreeMap<String, (usize, usize)>> {
+        let read = self.out_of_fold(self.config.injector.focus_folds)?;
+        let errors = head::cross_validated_errors(&read);
         let (missed, total) = errors
             .values()
             .fold((0, 0), |(m, t), (e, n)| (m + e, t + n));
