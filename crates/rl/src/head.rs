@@ -105,7 +105,8 @@ pub struct OutOfFold {
     pub truth: String,
     /// The fold's head's log-probabilities over `classes` (the types of the traces it fitted).
     pub log_probs: Vec<f32>,
-    pub classes: Vec<String>,
+    /// Shared by every trace of the fold.
+    pub classes: Arc<[String]>,
 }
 
 impl OutOfFold {
@@ -114,7 +115,7 @@ impl OutOfFold {
         let scores: Vec<f32> = self
             .log_probs
             .iter()
-            .zip(&self.classes)
+            .zip(self.classes.iter())
             .map(|(l, c)| if c == decision::NONE { l + shift } else { *l })
             .collect();
         &self.classes[linear::argmax(&scores)]
@@ -158,11 +159,12 @@ pub fn out_of_fold(
         let classes = eval::classifier::Classes::of(&subset);
         let model = Softmax::fit(&sx, &classes.y, classes.types.len(), options, None, |_| {})
             .map_err(|e| RlError::Sample(format!("cross-validated head: {e}")))?;
+        let types: Arc<[String]> = classes.types.into();
         for &i in &named {
             out[i] = Some(OutOfFold {
                 truth: train[i].truth.deficiency_id.clone(),
                 log_probs: model.log_probs(&x[i]),
-                classes: classes.types.clone(),
+                classes: Arc::clone(&types),
             });
         }
     }
@@ -646,7 +648,7 @@ mod tests {
         let read = |truth: &str, lp: [f32; 3]| OutOfFold {
             truth: truth.into(),
             log_probs: lp.to_vec(),
-            classes: vec!["P1".into(), "none".into(), "C8".into()],
+            classes: ["P1", "none", "C8"].map(String::from).into(),
         };
         let reads = vec![
             read("none", [-1.0, -1.5, -3.0]),

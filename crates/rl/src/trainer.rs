@@ -151,7 +151,7 @@ pub struct Trainer {
     /// Train-split traces with their features, replayed in each PPO step (`decision = "head"`).
     replay: Vec<(Labelled, Vec<f32>)>,
     /// The train split read out of fold, with the fold count (see `Trainer::out_of_fold`).
-    out_of_fold: Option<(usize, Vec<head::OutOfFold>)>,
+    out_of_fold: Option<(usize, Arc<[head::OutOfFold]>)>,
     /// The warm-started head's cross-validated errors per type (`[injector] focus =
     /// "confusion"`), which the Injector's episodes are drawn by.
     focus: Option<BTreeMap<String, (usize, usize)>>,
@@ -490,7 +490,7 @@ impl Trainer {
         };
         let options = self.head_fit_options(10);
         let mut lines = Vec::new();
-        let fitted = head::fit(
+        let mut fitted = head::fit(
             &train.traces,
             &train_x,
             val.as_ref()
@@ -527,7 +527,6 @@ impl Trainer {
         }
         metrics::append_all(&self.options.run_dir.join("metrics.jsonl"), &lines)?;
         self.replay = train.traces.into_iter().zip(train_x).collect();
-        let mut fitted = fitted;
         if self.config.head.none_target > 0.0 {
             let point = self.operating_point()?;
             fitted.set_none_shift(point.shift);
@@ -539,17 +538,26 @@ impl Trainer {
 
     /// The train split read out of fold (`folds`-fold cross-validation of the type head),
     /// computed once per fold count and kept for the operating point and the focus.
-    fn out_of_fold(&mut self, folds: usize) -> Result<Vec<head::OutOfFold>> {
+    fn out_of_fold(&mut self, folds: usize) -> Result<Arc<[head::OutOfFold]>> {
         if let Some((k, read)) = &self.out_of_fold {
             if *k == folds {
-                return Ok(read.clone());
+                return Ok(Arc::clone(read));
             }
         }
         let options = self.head_fit_options(0);
         let (train, x): (Vec<Labelled>, Vec<Vec<f32>>) = self.replay.iter().cloned().unzip();
-        let read = head::out_of_fold(&train, &x, folds, &options)?;
-        self.out_of_fold = Some((folds, read.clone()));
+        let read: Arc<[head::OutOfFold]> = head::out_of_fold(&train, &x, folds, &options)?.into();
+        self.out_of_fold = Some((folds, Arc::clone(&read)));
         Ok(read)
+    }
+
+    /// Writes `value` as `name` in the run directory: a record of a choice the run made (not a
+    /// checkpoint; the choice is made again on a resume).
+    fn write_record(&self, name: &str, value: &impl serde::Serialize) -> Result<()> {
+        let path = self.options.run_dir.join(name);
+        let json = serde_json::to_string_pretty(value)
+            .map_err(|e| RlError::Sample(format!("{name}: {e}")))?;
+        std::fs::write(&path, json).map_err(|e| RlError::io(&path, e))
     }
 
     /// The decision's operating point (`[head] none_target`): the shift of `none`'s score set
@@ -576,10 +584,7 @@ impl Trainer {
             ),
             "operating point: `none` raised until the target share of healthy train traces (out of fold) is answered `none`"
         );
-        let path = self.options.run_dir.join("operating-point.json");
-        let json = serde_json::to_string_pretty(&point)
-            .map_err(|e| RlError::Sample(format!("operating-point.json: {e}")))?;
-        std::fs::write(&path, json).map_err(|e| RlError::io(&path, e))?;
+        self.write_record("operating-point.json", &point)?;
         Ok(point)
     }
 
@@ -806,10 +811,7 @@ impl Trainer {
             hardest = ?hardest.iter().take(8).map(|(t, r)| format!("{t} {r:.2}")).collect::<Vec<_>>(),
             "injector focus: the head's cross-validated errors per type"
         );
-        let path = self.options.run_dir.join("focus.json");
-        let json = serde_json::to_string_pretty(&errors)
-            .map_err(|e| RlError::Sample(format!("focus.json: {e}")))?;
-        std::fs::write(&path, json).map_err(|e| RlError::io(&path, e))?;
+        self.write_record("focus.json", &errors)?;
         Ok(errors)
     }
 
