@@ -20,6 +20,8 @@
 //! | shows a name only in another Unicode form             | copies that form ([`Departure::CopiedSpelling`]) |
 //! | asks for a JSON reply without showing its keys (no example, no schema) | names the keys itself ([`Departure::InventedKeys`]) |
 //! | forbids a command or tool the step uses ("never run the tests yourself")   | leaves that step out ([`Departure::Obeys`]) |
+//! | answers with a message that forbids the step ("do not submit yourself: hand the change back") | takes a later step the message allows, or hands the step back in words ([`Departure::Obeys`]) |
+//! | offers tools to a role whose script never calls one (an instructor, a planner) | does its own first instruction with a tool ([`Departure::DoesItself`]) |
 //! | never says what a finished result is (no "when you know the answer", "once the tests pass") | declares the work done after its first result ([`Departure::StopsEarly`]) |
 //!
 //! Why a real model does this: TRAIL counts formatting errors and instruction non-compliance
@@ -81,9 +83,14 @@ pub enum Departure {
     /// finished after its first result and skipped the rest of the script (the checks among
     /// it), answering with what it had.
     StopsEarly,
-    /// The system prompt forbids a command or tool the step uses (a rule that contradicts the
-    /// rest of the instructions): the model obeyed it and went on to the next step.
+    /// The system prompt, or the message the model answers, forbids a command or tool the
+    /// step uses (a rule that contradicts the rest of the instructions): the model obeyed it
+    /// and went on to the next step; told so in the message it answers, with no later step
+    /// allowed, it handed the step back in words.
     Obeys,
+    /// A role whose script never calls a tool (one that instructs, plans or reviews) was
+    /// offered tools anyway: it did its own instruction with one of them first.
+    DoesItself,
 }
 
 impl Departure {
@@ -102,6 +109,7 @@ impl Departure {
             Departure::InventedKeys => "invented_keys",
             Departure::StopsEarly => "stops_early",
             Departure::Obeys => "obeys",
+            Departure::DoesItself => "does_itself",
         }
     }
 }
@@ -176,8 +184,41 @@ pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
                 "no system message, or two identities",
             );
         }
+        // A command-line agent's script names its commands in text, not as tool calls.
+        if steps.iter().all(|s| s.commands().is_empty()) {
+            if let Some(call) = reading.own_tool_call(&step) {
+                let why = format!(
+                    "offered {} tools its script never calls; it runs {} itself",
+                    reading.offered.len(),
+                    call.name
+                );
+                let mut step = text_step(String::new());
+                step.content = None;
+                step.tool_calls.push(call);
+                return Played::new(step, Departure::DoesItself, why);
+            }
+        }
     }
     let last = steps.len() - 1;
+    if let Some(rule) = reading.answer_forbids(&step) {
+        // Told in the message it answers not to take this step (a reviewer's "do not submit
+        // yourself: hand it back"): the model takes the first later step the message allows,
+        // and with none it hands the step back in words, running nothing.
+        let allowed = (n + 1..=last)
+            .map(|k| steps[k].react(|| request.last_observation()).clone())
+            .find(|s| reading.answer_forbids(s).is_none());
+        let step = allowed.unwrap_or_else(|| {
+            text_step(format!(
+                "Understood, I will not run {} myself. I am handing it back: {rule}",
+                step.commands().join(", ")
+            ))
+        });
+        return Played::new(
+            step,
+            Departure::Obeys,
+            format!("the message it answers says: {rule}"),
+        );
+    }
     if let Some(rule) = reading.forbids(&step) {
         // The first later step that the rule allows; with none, the step plays on below.
         let allowed = (n + 1..=last)
@@ -446,6 +487,11 @@ pub struct Reading {
     called: BTreeSet<String>,
     /// Non-ASCII words of the prompt by their [`skeleton`], as the prompt spells them.
     spellings: std::collections::BTreeMap<String, String>,
+    /// What came back since the model's last reply (tool results, user messages).
+    answering: String,
+    /// The offered tools, in order: name and the string parameters a call needs (the
+    /// required ones, or the first string property when none is required).
+    offered: Vec<(String, Vec<String>)>,
 }
 
 impl Reading {
@@ -514,7 +560,47 @@ impl Reading {
             headerless,
             undescribed,
             called,
+            answering: request.last_observation().unwrap_or_default(),
+            offered: request
+                .tools
+                .iter()
+                .flatten()
+                .filter_map(string_parameters)
+                .collect(),
         }
+    }
+
+    /// The call a role makes when it was offered tools its script never uses: its own
+    /// instruction (the first line of what `step` says, less a leading `Label:`) put to the
+    /// first offered tool whose needed parameters are all strings. A role told to instruct
+    /// another but handed the toolkit tends to do the work itself — the role flipping CAMEL's
+    /// authors report — and the division of labour the design meant disappears (C2).
+    pub fn own_tool_call(&self, step: &Step) -> Option<ScriptedCall> {
+        if !step.tool_calls.is_empty() {
+            return None;
+        }
+        let line = step
+            .content
+            .as_deref()?
+            .lines()
+            .find(|l| !l.trim().is_empty())?;
+        let line = match line.split_once(':') {
+            Some((label, rest)) if !label.contains(' ') && !rest.trim().is_empty() => rest,
+            _ => line,
+        };
+        let instruction = line.trim();
+        if instruction.len() < 8 || instruction.starts_with(['{', '[', '<']) {
+            return None;
+        }
+        let (name, params) = self.offered.iter().find(|(_, p)| !p.is_empty())?;
+        let arguments = params
+            .iter()
+            .map(|p| (p.clone(), Value::String(instruction.to_owned())))
+            .collect::<serde_json::Map<_, _>>();
+        Some(ScriptedCall {
+            name: name.clone(),
+            arguments: Value::Object(arguments),
+        })
     }
 
     /// The clause of the instructions (system messages and the first user message) that says
@@ -764,42 +850,18 @@ impl Reading {
     /// (`run_tests` in "never run the tests yourself"; a plural counts as its word) and no
     /// word that limits its scope ("outside", "unless", "before", …).
     pub fn forbids(&self, step: &Step) -> Option<String> {
-        let commands = step.commands();
-        if commands.is_empty() {
-            return None;
-        }
-        self.prohibitions().into_iter().find(|rule| {
-            let lower = rule.to_lowercase();
-            let forbidding = ["never ", "do not ", "don't ", "must not "]
-                .iter()
-                .any(|p| lower.contains(p));
-            let words: BTreeSet<&str> = lower
-                .split(|c: char| !c.is_alphanumeric())
-                .map(singular)
-                .collect();
-            // "never edit files outside the repository" limits where, it does not forbid.
-            let scoped = [
-                "outside",
-                "unless",
-                "except",
-                "without",
-                "before",
-                "until",
-                "other than",
-                "instead",
-            ]
-            .iter()
-            .any(|q| lower.contains(q));
-            forbidding
-                && !scoped
-                && commands.iter().any(|command| {
-                    let lower = command.to_lowercase();
-                    lower
-                        .split(['_', '-'])
-                        .filter(|w| !w.is_empty())
-                        .all(|w| words.contains(singular(w)))
-                })
-        })
+        forbidding(self.prohibitions(), step)
+    }
+
+    /// The same for what the model is answering: a sentence of the tool results and user
+    /// messages since its last reply ("Do not submit yourself: hand the change back") that
+    /// forbids a command `step` uses. The latest word on the step, so it is obeyed even when
+    /// no later step is left (see [`play`]).
+    pub fn answer_forbids(&self, step: &Step) -> Option<String> {
+        let rules = sentences(&self.answering)
+            .map(|s| s.trim().trim_start_matches(['-', '*', ' ']).to_owned())
+            .collect();
+        forbidding(rules, step)
     }
 
     /// The question a model with no clear identity asks: when the prompt has no system
@@ -1027,6 +1089,92 @@ fn singular(word: &str) -> &str {
     word.strip_suffix('s')
         .filter(|w| w.len() > 2)
         .unwrap_or(word)
+}
+
+/// An offered tool's name and the string parameters a call needs: every required parameter
+/// when all of them are strings (none when one is not), else the first string property.
+fn string_parameters(tool: &Value) -> Option<(String, Vec<String>)> {
+    let function = tool.get("function")?;
+    let name = function.get("name")?.as_str()?.to_owned();
+    let properties = function
+        .pointer("/parameters/properties")
+        .and_then(Value::as_object);
+    let is_string = |p: &str| {
+        properties
+            .and_then(|ps| ps.get(p))
+            .and_then(|d| d.get("type"))
+            .and_then(Value::as_str)
+            == Some("string")
+    };
+    let required: Vec<String> = function
+        .pointer("/parameters/required")
+        .and_then(Value::as_array)
+        .map(|r| {
+            r.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let params = if !required.is_empty() {
+        if required.iter().all(|p| is_string(p)) {
+            required
+        } else {
+            Vec::new()
+        }
+    } else {
+        properties
+            .and_then(|ps| ps.keys().find(|k| is_string(k)).cloned())
+            .into_iter()
+            .collect()
+    };
+    Some((name, params))
+}
+
+/// The first of `rules` that forbids a command or tool `step` uses (see
+/// [`Reading::forbids`]).
+fn forbidding(rules: Vec<String>, step: &Step) -> Option<String> {
+    let commands = step.commands();
+    if commands.is_empty() {
+        return None;
+    }
+    rules.into_iter().find(|rule| {
+        let lower = rule.to_lowercase();
+        let forbidding = ["never ", "do not ", "don't ", "must not "]
+            .iter()
+            .any(|p| lower.contains(p));
+        let words: BTreeSet<&str> = lower
+            .split(|c: char| !c.is_alphanumeric())
+            .map(singular)
+            .collect();
+        // "never edit files outside the repository" limits where, it does not forbid;
+        // "do not re-run the same failed edit" forbids one repetition, not the command.
+        let scoped = [
+            "outside",
+            "unless",
+            "except",
+            "without",
+            "before",
+            "until",
+            "other than",
+            "instead",
+            "same",
+            "again",
+            "twice",
+            "repeat",
+        ]
+        .iter()
+        .any(|q| lower.contains(q));
+        forbidding
+            && !scoped
+            && commands.iter().any(|command| {
+                let lower = command.to_lowercase();
+                lower
+                    .split(['_', '-'])
+                    .filter(|w| !w.is_empty())
+                    .all(|w| words.contains(singular(w)))
+            })
+    })
 }
 
 /// Sentences: split at `.`, `!`, `?`, `;` followed by a space or line end, and at line ends.
@@ -1258,6 +1406,111 @@ mod tests {
                 "{system}"
             );
         }
+    }
+
+    #[test]
+    fn a_step_the_answered_message_forbids_is_handed_back() {
+        let text = |t: &str| text_step(t.to_owned());
+        let steps = vec![
+            text("DISCUSSION\nAll tests pass. Submitting.\n\n```\nsubmit\n```"),
+            text("The diff is the fix. Submitting again to confirm.\n\n```\nsubmit\n```"),
+        ];
+        let after_review = |review: &str| {
+            request(
+                json!([
+                    {"role": "system", "content": "You edit code."},
+                    {"role": "user", "content": "Fix the issue, then submit."},
+                    {"role": "assistant", "content": "submit"},
+                    {"role": "user", "content": review}
+                ]),
+                json!([]),
+            )
+        };
+        let bounced = after_review(
+            "Review the diff. Do not submit yourself: hand the change back to the maintainer, who submits reviewed changes.",
+        );
+        let Played {
+            step,
+            departure,
+            why,
+        } = play(&steps, 1, &bounced);
+        assert_eq!(departure, Departure::Obeys, "{why}");
+        assert!(step.commands().is_empty(), "{step:?}");
+        assert!(
+            step.content.as_deref().unwrap().contains("handing it back"),
+            "{step:?}"
+        );
+        // The reviewer's usual request plays the script; so does the rule once it is no
+        // longer what the model answers (a format error came after it).
+        for usual in [
+            "Review the diff. If you are satisfied, run submit again.",
+            "Your edit failed. DO NOT re-run the same failed submit command.",
+        ] {
+            assert_eq!(
+                play(&steps, 1, &after_review(usual)).departure,
+                Departure::Scripted,
+                "{usual}"
+            );
+        }
+        let later = request(
+            json!([
+                {"role": "system", "content": "You edit code."},
+                {"role": "user", "content": "Fix the issue, then submit."},
+                {"role": "assistant", "content": "submit"},
+                {"role": "user", "content": "Do not submit yourself: hand the change back."},
+                {"role": "assistant", "content": "Handing it back."},
+                {"role": "user", "content": "Your reply had no command. Reply with one command."}
+            ]),
+            json!([]),
+        );
+        assert_eq!(play(&steps, 2, &later).departure, Departure::Scripted);
+    }
+
+    #[test]
+    fn an_instructor_handed_tools_does_its_instruction_itself() {
+        let steps = vec![
+            text_step("Instruction: Find the SKU of the Borealis Mini kettle.\nInput: None".into()),
+            text_step("Instruction: Add up its 2023 sales.\nInput: None".into()),
+        ];
+        let first = |tools: Value| {
+            request(
+                json!([
+                    {"role": "system", "content": "You are the Research Coordinator. You instruct the analyst."},
+                    {"role": "user", "content": "Begin."}
+                ]),
+                tools,
+            )
+        };
+        let toolkit = json!([
+            {"type": "function", "function": {"name": "calculator", "description": "Evaluates an arithmetic expression.",
+                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}, "digits": {"type": "integer"}}, "required": ["expression", "digits"]}}},
+            {"type": "function", "function": {"name": "search", "description": "Full-text search of the corpus.",
+                "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+        ]);
+        let Played {
+            step, departure, ..
+        } = play(&steps, 0, &first(toolkit.clone()));
+        assert_eq!(departure, Departure::DoesItself);
+        // The calculator needs an integer too: the first tool a string fills is the search.
+        assert_eq!(
+            step.tool_calls,
+            vec![call(
+                "search",
+                json!({"query": "Find the SKU of the Borealis Mini kettle."})
+            )]
+        );
+        assert_eq!(step.content, None);
+        // Without tools, later in the conversation, or for a role whose script calls tools,
+        // the script plays.
+        assert_eq!(
+            play(&steps, 0, &first(json!([]))).departure,
+            Departure::Scripted
+        );
+        let caller = vec![tool_step("search", json!({"query": "x"})), steps[0].clone()];
+        assert_eq!(
+            play(&caller, 1, &first(toolkit)).departure,
+            Departure::Scripted
+        );
     }
 
     fn done_reading(request: &ChatRequest) -> Option<String> {
