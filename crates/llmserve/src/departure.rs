@@ -192,9 +192,11 @@ pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
                     reading.offered.len(),
                     call.name
                 );
-                let mut step = text_step(String::new());
-                step.content = None;
-                step.tool_calls.push(call);
+                let step = Step {
+                    content: None,
+                    tool_calls: vec![call],
+                    ..text_step(String::new())
+                };
                 return Played::new(step, Departure::DoesItself, why);
             }
         }
@@ -487,8 +489,9 @@ pub struct Reading {
     called: BTreeSet<String>,
     /// Non-ASCII words of the prompt by their [`skeleton`], as the prompt spells them.
     spellings: std::collections::BTreeMap<String, String>,
-    /// What came back since the model's last reply (tool results, user messages).
-    answering: String,
+    /// The sentences of what came back since the model's last reply (tool results, user
+    /// messages).
+    answering: Vec<String>,
     /// The offered tools, in order: name and the string parameters a call needs (the
     /// required ones, or the first string property when none is required).
     offered: Vec<(String, Vec<String>)>,
@@ -560,7 +563,9 @@ impl Reading {
             headerless,
             undescribed,
             called,
-            answering: request.last_observation().unwrap_or_default(),
+            answering: sentences(&request.last_observation().unwrap_or_default())
+                .map(rule_text)
+                .collect(),
             offered: request
                 .tools
                 .iter()
@@ -841,7 +846,7 @@ impl Reading {
                 .iter()
                 .any(|p| s.contains(p))
             })
-            .map(|s| s.trim().trim_start_matches(['-', '*', ' ']).to_owned())
+            .map(rule_text)
             .collect()
     }
 
@@ -850,7 +855,7 @@ impl Reading {
     /// (`run_tests` in "never run the tests yourself"; a plural counts as its word) and no
     /// word that limits its scope ("outside", "unless", "before", …).
     pub fn forbids(&self, step: &Step) -> Option<String> {
-        forbidding(self.prohibitions(), step)
+        forbidding(&self.prohibitions(), step)
     }
 
     /// The same for what the model is answering: a sentence of the tool results and user
@@ -858,10 +863,7 @@ impl Reading {
     /// forbids a command `step` uses. The latest word on the step, so it is obeyed even when
     /// no later step is left (see [`play`]).
     pub fn answer_forbids(&self, step: &Step) -> Option<String> {
-        let rules = sentences(&self.answering)
-            .map(|s| s.trim().trim_start_matches(['-', '*', ' ']).to_owned())
-            .collect();
-        forbidding(rules, step)
+        forbidding(&self.answering, step)
     }
 
     /// The question a model with no clear identity asks: when the prompt has no system
@@ -1133,48 +1135,59 @@ fn string_parameters(tool: &Value) -> Option<(String, Vec<String>)> {
 
 /// The first of `rules` that forbids a command or tool `step` uses (see
 /// [`Reading::forbids`]).
-fn forbidding(rules: Vec<String>, step: &Step) -> Option<String> {
+fn forbidding(rules: &[String], step: &Step) -> Option<String> {
     let commands = step.commands();
     if commands.is_empty() {
         return None;
     }
-    rules.into_iter().find(|rule| {
-        let lower = rule.to_lowercase();
-        let forbidding = ["never ", "do not ", "don't ", "must not "]
-            .iter()
-            .any(|p| lower.contains(p));
-        let words: BTreeSet<&str> = lower
-            .split(|c: char| !c.is_alphanumeric())
-            .map(singular)
-            .collect();
-        // "never edit files outside the repository" limits where, it does not forbid;
-        // "do not re-run the same failed edit" forbids one repetition, not the command.
-        let scoped = [
-            "outside",
-            "unless",
-            "except",
-            "without",
-            "before",
-            "until",
-            "other than",
-            "instead",
-            "same",
-            "again",
-            "twice",
-            "repeat",
-        ]
+    rules
         .iter()
-        .any(|q| lower.contains(q));
-        forbidding
-            && !scoped
-            && commands.iter().any(|command| {
-                let lower = command.to_lowercase();
-                lower
-                    .split(['_', '-'])
-                    .filter(|w| !w.is_empty())
-                    .all(|w| words.contains(singular(w)))
-            })
-    })
+        .find(|rule| {
+            let lower = rule.to_lowercase();
+            let forbidding = ["never ", "do not ", "don't ", "must not "]
+                .iter()
+                .any(|p| lower.contains(p));
+            let words: BTreeSet<&str> = lower
+                .split(|c: char| !c.is_alphanumeric())
+                .map(singular)
+                .collect();
+            // "never edit files outside the repository" limits where, it does not forbid;
+            // "do not re-run the same failed edit" forbids one repetition, not the command.
+            let scoped = [
+                "outside",
+                "unless",
+                "except",
+                "without",
+                "before",
+                "until",
+                "other than",
+                "instead",
+                "same",
+                "again",
+                "twice",
+                "repeat",
+            ]
+            .iter()
+            .any(|q| lower.contains(q));
+            forbidding
+                && !scoped
+                && commands.iter().any(|command| {
+                    let lower = command.to_lowercase();
+                    lower
+                        .split(['_', '-'])
+                        .filter(|w| !w.is_empty())
+                        .all(|w| words.contains(singular(w)))
+                })
+        })
+        .cloned()
+}
+
+/// A sentence as a rule: trimmed, without a list marker.
+fn rule_text(sentence: &str) -> String {
+    sentence
+        .trim()
+        .trim_start_matches(['-', '*', ' '])
+        .to_owned()
 }
 
 /// Sentences: split at `.`, `!`, `?`, `;` followed by a space or line end, and at line ends.
