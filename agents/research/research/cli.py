@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             agent = DeepResearchAgent(settings, tracer, bus)
             outcome = asyncio.run(agent.run(task["question"]))
             root.set({f"pathfinder.events.{k}": v for k, v in sorted(agent.stats.counts.items())})
+            if agent.stats.first_finding_round is not None:
+                root.set({"pathfinder.first_finding_round": agent.stats.first_finding_round})
             root.set({
                 "pathfinder.outcome": outcome.status,
                 "pathfinder.answer": outcome.answer,

@@ -73,13 +73,26 @@ class EventBus:
 
 
 class RunStatistics:
-    """Counts events per kind; the agent copies the counts onto the root span."""
+    """Counts events per kind and notes the round of the run's first finding; the agent copies
+    both onto the root span."""
 
     def __init__(self, bus: EventBus) -> None:
         self.counts: dict[str, int] = {}
+        self.first_finding_round: int | None = None
+        self._bus = bus
         self._lock = threading.Lock()
         bus.on("*", self._count)
+        bus.on("plan.ready", self._await_first_finding)
 
     def _count(self, event: str, **_: Any) -> None:
         with self._lock:
             self.counts[event] = self.counts.get(event, 0) + 1
+
+    def _await_first_finding(self, event: str, **_: Any) -> None:
+        # A one-shot waiter, armed once there is a plan to research: how soon the research
+        # produced anything. It subscribes while `plan.ready` is being delivered.
+        self._bus.on("finding.added", self._first_finding, once=True)
+
+    def _first_finding(self, event: str, finding: Any = None, **_: Any) -> None:
+        if finding is not None:
+            self.first_finding_round = finding.round

@@ -5,7 +5,7 @@ import unittest
 from pathlib import Path
 
 from research.context import ContextOverflow, fit_messages
-from research.events import EventBus
+from research.events import EventBus, RunStatistics
 from research.findings import Finding, FindingsStore
 from research.aggregate import aggregate, compress_findings
 from research.tokens import count_message
@@ -177,6 +177,24 @@ class TracingTest(unittest.TestCase):
     async def _use(span, coro):
         with span:
             await coro
+
+
+class RunStatisticsTest(unittest.TestCase):
+    def test_statistics_note_the_first_finding_once(self):
+        bus = EventBus()
+        stats = RunStatistics(bus)
+
+        async def scenario():
+            await bus.emit("finding.added", finding=finding(0, 1, "q0", "early"))
+            await bus.emit("plan.ready", subquestions=2)
+            await bus.emit("finding.added", finding=finding(1, 2, "q1", "first"))
+            await bus.emit("finding.added", finding=finding(2, 3, "q2", "later"))
+
+        asyncio.run(scenario())
+        self.assertEqual(stats.first_finding_round, 2)
+        self.assertEqual(stats.counts["finding.added"], 3)
+        self.assertEqual(bus.subscribers("finding.added"), 1, "only the counter is left")
+        self.assertEqual(bus.errors, 0)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 from .agent import Agent, dumps_result, result_record
 from .config import load_config
 from .environment import SWEEnvironment
-from .hooks import HookRegistry, ProgressReporter, TrajectoryRecorder
+from .hooks import FirstStepReporter, HookRegistry, ProgressReporter, TrajectoryRecorder
 from .llm import LLMClient
 from .tokens import TokenCounter, UsageTracker
 from .tracing import Tracer
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         env = SWEEnvironment(repo, task["test_command"], config)
         hooks = HookRegistry()
         hooks.add(TrajectoryRecorder(args.workdir / "trajectory.json"))
+        hooks.add(FirstStepReporter(hooks, tracer))
         hooks.add(ProgressReporter(tracer, usage))
         agent = Agent(config, task, env, llm, tracer, hooks)
         with tracer.activate(root):

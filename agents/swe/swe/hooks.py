@@ -1,8 +1,9 @@
 """Agent hooks: callbacks the loop fires at fixed points of each step.
 
 Hooks observe; they never change the loop's decisions. The trajectory recorder keeps a
-replayable record of the run in the work directory, the progress reporter emits one span
-per step with the running usage so cost can be followed in the trace.
+replayable record of the run in the work directory, the first-step reporter emits one span
+with what the model did first and then unregisters itself, the progress reporter emits one
+span per step with the running usage so cost can be followed in the trace.
 """
 
 from __future__ import annotations
@@ -26,23 +27,26 @@ class AgentHook:
 
 
 class HookRegistry:
-    """Ordered hook list; hooks registered at construction stay registered for the run."""
+    """Hooks by name, in registration order. A name is registered once, so a hook wired twice
+    (by the CLI and by a plugin) fires once. One-shot hooks remove themselves while an event is
+    being dispatched, so dispatch goes over a snapshot of the registry."""
 
     def __init__(self) -> None:
-        self._hooks: list[AgentHook] = []
+        self._hooks: dict[str, AgentHook] = {}
 
-    def add(self, hook: AgentHook) -> None:
-        if hook not in self._hooks:
-            self._hooks.append(hook)
+    def add(self, hook: AgentHook, name: str | None = None) -> None:
+        self._hooks.setdefault(name or type(hook).__name__, hook)
 
     def remove(self, hook: AgentHook) -> None:
-        self._hooks.remove(hook)
+        for name, registered in list(self._hooks.items()):
+            if registered is hook:
+                del self._hooks[name]
 
     def __len__(self) -> int:
         return len(self._hooks)
 
     def fire(self, event: str, *args: Any) -> None:
-        for hook in list(self._hooks):
+        for hook in list(self._hooks.values()):
             getattr(hook, event)(*args)
 
 
@@ -69,6 +73,39 @@ class TrajectoryRecorder(AgentHook):
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+class FirstStepReporter(AgentHook):
+    """Emits one ``agent.first_step`` span (the first command) when the first step is done,
+    then unregisters.
+
+    A run's first action (reproduce, open the file, or edit blind) decides most of what
+    follows, so a reader looking for where a run went wrong should not have to scan the whole
+    trajectory for it. The hook is one-shot: it leaves the registry while the event that
+    fired it is being dispatched, which the registry's snapshot makes safe.
+    """
+
+    def __init__(self, registry: HookRegistry, tracer: Tracer) -> None:
+        self.registry = registry
+        self.tracer = tracer
+        self.action = ""
+
+    def on_action(self, step: int, thought: str, action: str) -> None:
+        if not self.action:
+            self.action = action
+
+    def on_step_done(self, step: int) -> None:
+        command = self.action.strip().split(maxsplit=1)[0] if self.action.strip() else ""
+        with self.tracer.span(
+            "agent.first_step",
+            "other",
+            {
+                "pathfinder.step": step,
+                "pathfinder.first_command": command,
+            },
+        ):
+            pass
+        self.registry.remove(self)
 
 
 class ProgressReporter(AgentHook):

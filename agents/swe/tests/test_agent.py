@@ -9,7 +9,7 @@ from pathlib import Path
 from swe.agent import Agent
 from swe.config import AgentConfig
 from swe.environment import SWEEnvironment
-from swe.hooks import HookRegistry, ProgressReporter, TrajectoryRecorder
+from swe.hooks import FirstStepReporter, HookRegistry, ProgressReporter, TrajectoryRecorder
 from swe.llm import ModelResponse, ToolCall
 from swe.tokens import TokenCounter, UsageTracker
 from swe.tracing import Tracer
@@ -55,7 +55,9 @@ class AgentLoopTest(unittest.TestCase):
         llm = ScriptedLLM(replies)
         hooks = HookRegistry()
         hooks.add(TrajectoryRecorder(self.trajectory))
+        hooks.add(FirstStepReporter(hooks, tracer))
         hooks.add(ProgressReporter(tracer, llm.usage))
+        self.hooks = hooks
         agent = Agent(config, self.task, SWEEnvironment(self.repo, self.task["test_command"], config), llm, tracer, hooks)
         result = agent.run()
         tracer.flush()
@@ -82,6 +84,10 @@ class AgentLoopTest(unittest.TestCase):
         parse_errors = [s for s in spans if s["name"] == "agent.parse_action" and s["status"]["code"] == "ERROR"]
         self.assertEqual(len(parse_errors), 1)
         self.assertEqual(len([s for s in spans if s["name"] == "agent.progress"]), 4)
+        # The one-shot hook reported the first step and left without costing the progress
+        # reporter after it its first span.
+        self.assertEqual(len([s for s in spans if s["name"] == "agent.first_step"]), 1)
+        self.assertEqual(len(self.hooks), 2)
         self.assertEqual(json.loads(self.trajectory.read_text())["status"], "completed")
 
     def test_step_limit_autosubmits_current_changes(self):
