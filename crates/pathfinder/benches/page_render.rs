@@ -7,7 +7,6 @@
 //! Run: `cargo bench -p pathfinder --bench page_render` (optionally `-- LOADS`, default 7).
 //! Needs Debian's `chromium` (or `PATHFINDER_CHROMIUM`), as the browser test does.
 
-use std::path::Path;
 use std::process::Command;
 
 // Shared with the browser test; the bench takes no screenshots.
@@ -15,9 +14,7 @@ use std::process::Command;
 #[allow(dead_code)]
 mod cdp;
 
-/// Milliseconds from the start of navigation to a forced layout of the loaded page.
-const RENDERED_MS: &str =
-    "(function(){document.body.getBoundingClientRect(); return performance.now();})()";
+use cdp::{file_url as url, RENDERED_MS};
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().expect("running pathfinder");
@@ -26,10 +23,6 @@ fn run(cmd: &mut Command) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn url(path: &Path) -> String {
-    format!("file://{}", path.canonicalize().expect("page").display())
 }
 
 /// Median and worst of a set of milliseconds.

@@ -15,6 +15,8 @@ use std::process::Command;
 
 use serde_json::json;
 
+use cdp::{file_url as url, RENDERED_MS};
+
 #[path = "support/cdp.rs"]
 mod cdp;
 
@@ -37,10 +39,6 @@ fn artifacts() -> PathBuf {
     dir
 }
 
-fn url(path: &Path) -> String {
-    format!("file://{}", path.canonicalize().unwrap().display())
-}
-
 /// A page's counts, read in the page after it loaded.
 const COUNTS: &str = r#"(function(){
   var blamed = document.querySelector('li.blamed');
@@ -55,10 +53,6 @@ const COUNTS: &str = r#"(function(){
     text: document.body.innerText.length
   };
 })()"#;
-
-/// Milliseconds from the start of navigation to a forced layout of the loaded page.
-const RENDERED_MS: &str =
-    "(function(){document.body.getBoundingClientRect(); return performance.now();})()";
 
 /// Where the time of a page's load went (milliseconds since navigation began).
 const TIMING: &str = "(function(){var n=performance.getEntriesByType('navigation')[0];\

@@ -19,6 +19,15 @@ use serde_json::{json, Value};
 /// How long any one answer or page load may take.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Milliseconds from the start of navigation to a forced layout of the loaded page.
+pub const RENDERED_MS: &str =
+    "(function(){document.body.getBoundingClientRect(); return performance.now();})()";
+
+/// The `file://` URL of a page on disk.
+pub fn file_url(path: &Path) -> String {
+    format!("file://{}", path.canonicalize().unwrap().display())
+}
+
 /// What loading a page did.
 pub struct Loaded {
     /// The URL of every request the page made (its own document included).
