@@ -93,6 +93,5 @@ class RunStatistics:
         # produced anything. It subscribes while `plan.ready` is being delivered.
         self._bus.on("finding.added", self._first_finding, once=True)
 
-    def _first_finding(self, event: str, finding: Any = None, **_: Any) -> None:
-        if finding is not None:
-            self.first_finding_round = finding.round
+    def _first_finding(self, event: str, finding: Any, **_: Any) -> None:
+        self.first_finding_round = finding.round

@@ -95,7 +95,8 @@ class FirstStepReporter(AgentHook):
             self.action = action
 
     def on_step_done(self, step: int) -> None:
-        command = self.action.strip().split(maxsplit=1)[0] if self.action.strip() else ""
+        words = self.action.split(maxsplit=1)
+        command = words[0] if words else ""
         with self.tracer.span(
             "agent.first_step",
             "other",

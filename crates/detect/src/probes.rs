@@ -132,11 +132,18 @@ UNION ALL SELECT 'empty', SUM(tool_arguments IN ('{}', '')) FROM spans WHERE tra
 UNION ALL SELECT 'distinct', COUNT(DISTINCT tool_arguments) FROM spans WHERE trace_id = {T} AND kind = 'tool'\
 ) WHERE n > 0",
     },
+    // Durations by decade from 100 ms, and nothing below: a span's exact milliseconds are the
+    // machine's load as much as the agent's doing (two runs of one deterministic agent differ in
+    // every one of them), while a backoff, a hang or a timeout lasts 100 ms or more.
     Probe {
         name: "timing",
-        purpose: "the slowest span names",
-        sql: "SELECT 'slow ' || kind || ' ' || name || ' ' || (MAX(duration_ns) / 1000000) || 'ms' AS signal \
-FROM spans WHERE trace_id = {T} AND parent_span_id IS NOT NULL AND duration_ns IS NOT NULL GROUP BY kind, name ORDER BY MAX(duration_ns) DESC LIMIT 3",
+        purpose: "the slowest span names (100 ms or longer, by decade)",
+        sql: "SELECT 'slow ' || kind || ' ' || name || ' ' || CASE \
+WHEN MAX(duration_ns) >= 100000000000 THEN '100s+' WHEN MAX(duration_ns) >= 10000000000 THEN '10s+' \
+WHEN MAX(duration_ns) >= 1000000000 THEN '1s+' ELSE '100ms+' END AS signal \
+FROM spans WHERE trace_id = {T} AND parent_span_id IS NOT NULL AND duration_ns IS NOT NULL GROUP BY kind, name \
+HAVING MAX(duration_ns) >= 100000000 \
+ORDER BY (MAX(duration_ns) >= 1000000000) + (MAX(duration_ns) >= 10000000000) + (MAX(duration_ns) >= 100000000000) DESC, kind, name LIMIT 3",
     },
     Probe {
         name: "code",

@@ -112,3 +112,43 @@ fn replies_counted_far_below_their_text_are_flagged() {
         assert!(!d.contains("token_undercount"), "{trace}: {d}");
     }
 }
+
+#[test]
+fn timing_names_slow_spans_by_decade_and_ignores_clock_noise() {
+    // Two recordings of one run that differ only in how long their fast spans took (a loaded
+    // machine against an idle one), and one span that waited 2.5 s in both.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traces.db");
+    let mut store = traces::Store::open(&path).unwrap();
+    let recording = |n: u128, fast_ms: i64| {
+        let (mut spans, _) = detect::synthetic::scenario("C12", &format!("{n:032x}"), 3).unwrap();
+        let mut clock = spans[0].start_time_ns.unwrap();
+        for (i, s) in spans.iter_mut().enumerate() {
+            let ms = if i == 2 {
+                2_500
+            } else {
+                fast_ms + i as i64 % 3
+            };
+            s.start_time_ns = Some(clock);
+            s.end_time_ns = Some(clock + ms * 1_000_000);
+            clock += (ms + 1) * 1_000_000;
+        }
+        let name = spans[2].name.clone();
+        (spans, name)
+    };
+    let (idle, slow) = recording(1, 2);
+    let (loaded, _) = recording(2, 60);
+    store.import_spans(idle, "synthetic:C12").unwrap();
+    store.import_spans(loaded, "synthetic:C12").unwrap();
+    drop(store);
+    let sql = SqlTool::open(&path, SqlLimits::default()).unwrap();
+    let timing = probes::by_name("timing").unwrap();
+    let digest = |t: u128| probes::digest(&sql.run(&timing.query(&format!("{t:032x}"))).unwrap());
+    assert_eq!(digest(1), digest(2));
+    assert!(
+        digest(1).starts_with("slow ") && digest(1).ends_with(&format!("{slow} 1s+")),
+        "{}",
+        digest(1)
+    );
+    assert_eq!(digest(1).lines().count(), 1, "{}", digest(1));
+}

@@ -239,7 +239,6 @@ impl ChatRequest {
         }
     }
 
-    /// The number of assistant messages already in the prompt: the script step to play.
     /// What the prompt says after the model's last reply: the tool results, or the
     /// observation a text-command agent sends as a user message, joined by newlines. `None`
     /// before the model's first reply.
@@ -253,11 +252,39 @@ impl ChatRequest {
         Some(texts.join("\n"))
     }
 
+    /// The number of assistant messages already in the prompt: the script step to play.
     pub fn assistant_turns(&self) -> usize {
         self.messages
             .iter()
             .filter(|m| m.role == "assistant")
             .count()
+    }
+
+    /// Where the conversation's task was sent again: the number of assistant messages after
+    /// the last user message that repeats the first one word for word, when the model had
+    /// replied before it. `None` when the task was sent once (or is empty).
+    pub fn turns_since_task_repeated(&self) -> Option<usize> {
+        let first = self.messages.iter().position(|m| m.role == "user")?;
+        let task = self.messages[first].text();
+        if task.trim().is_empty() {
+            return None;
+        }
+        let again = self
+            .messages
+            .iter()
+            .enumerate()
+            .skip(first + 1)
+            .rfind(|(_, m)| m.role == "user" && m.text() == task)?
+            .0;
+        let replied = self.messages[first..again]
+            .iter()
+            .any(|m| m.role == "assistant");
+        replied.then(|| {
+            self.messages[again..]
+                .iter()
+                .filter(|m| m.role == "assistant")
+                .count()
+        })
     }
 }
 

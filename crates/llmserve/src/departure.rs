@@ -23,6 +23,7 @@
 //! | answers with a message that forbids the step ("do not submit yourself: hand the change back") | takes a later step the message allows, or hands the step back in words ([`Departure::Obeys`]) |
 //! | offers tools to a role whose script never calls one (an instructor, a planner) | does its own first instruction with a tool ([`Departure::DoesItself`]) |
 //! | never says what a finished result is (no "when you know the answer", "once the tests pass") | declares the work done after its first result ([`Departure::StopsEarly`]) |
+//! | sends its task again word for word after it worked on it (a loop that hands the task back instead of answering the reply) | starts the work over from its first step ([`Departure::StartsOver`]) |
 //!
 //! Why a real model does this: TRAIL counts formatting errors and instruction non-compliance
 //! as 353 of the 841 errors it annotates in agent traces (42%), and lists tool-selection
@@ -36,6 +37,10 @@
 //! result looks like the end. And a
 //! model given a rule that contradicts the rest of its instructions follows one of them; a
 //! prohibition, being the more specific, usually wins (TRAIL's instruction non-compliance).
+//! A chat model keeps no state between requests but its prompt: handed the same task again
+//! after an answer it was not told was wrong, it reads the task as the request to answer and
+//! does the work again: the repeated cycles of action AgentErrorBench traces to an agent that
+//! misjudges its own progress.
 //!
 //! Clean runs never depart: every fact a script uses is in the prompt a clean agent sends (or
 //! listed in the step's `computed`, for sums and names the model works out), and the clean
@@ -91,6 +96,10 @@ pub enum Departure {
     /// A role whose script never calls a tool (one that instructs, plans or reviews) was
     /// offered tools anyway: it did its own instruction with one of them first.
     DoesItself,
+    /// The conversation's task was sent again after the model had worked on it (a loop that
+    /// hands the task back instead of answering the reply): the model started its work over,
+    /// from its first step.
+    StartsOver,
 }
 
 impl Departure {
@@ -110,6 +119,7 @@ impl Departure {
             Departure::StopsEarly => "stops_early",
             Departure::Obeys => "obeys",
             Departure::DoesItself => "does_itself",
+            Departure::StartsOver => "starts_over",
         }
     }
 }
@@ -143,12 +153,33 @@ impl Played {
 /// What the scripted model plays at `turn` of a conversation whose script is `steps`
 /// (non-empty).
 pub fn play(steps: &[Step], turn: usize, request: &ChatRequest) -> Played {
+    // Handed its task again word for word after working on it, a model reads it as a fresh
+    // request and starts over: the script plays from its first step as of the repeat. The
+    // first request's reactions (refusal, role confusion, ...) were judged when the task came
+    // first and are not judged again.
+    if let Some(since) = request.turns_since_task_repeated() {
+        let mut played = play_turn(steps, since, request, false);
+        if played.departure == Departure::Scripted {
+            played.departure = Departure::StartsOver;
+            played.why = format!(
+                "the task was sent again; turn {turn} plays step {} of the script",
+                since.min(steps.len() - 1)
+            );
+        }
+        return played;
+    }
+    play_turn(steps, turn, request, true)
+}
+
+/// One turn of the script: `first_request` says whether turn 0 is the conversation's first
+/// request, where the system prompt's reactions are judged.
+fn play_turn(steps: &[Step], turn: usize, request: &ChatRequest, first_request: bool) -> Played {
     let n = turn.min(steps.len() - 1);
     let step = steps[n].react(|| request.last_observation()).clone();
     let reading = Reading::of(request);
     let uses_tools = steps.iter().any(|s| !s.tool_calls.is_empty());
     tracing::trace!(turn, chars = reading.text.len(), "prompt size");
-    if turn == 0 {
+    if turn == 0 && first_request {
         let rules = reading.prohibitions();
         tracing::trace!(
             prohibitions = rules.len(),
@@ -1291,6 +1322,50 @@ mod tests {
             ]),
             tools,
         )
+    }
+
+    #[test]
+    fn a_task_sent_again_starts_the_work_over() {
+        let task = "What is the population of Old Quay and Hillside in 2020?";
+        let handed_back = request(
+            json!([
+                {"role": "system", "content": "You are a research assistant. Use the tools for every fact. When you know the answer, reply with it as JSON."},
+                {"role": "user", "content": task},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "table_lookup", "arguments": "{\"table\":\"population\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Old Quay 2980 | Hillside 4925"},
+                {"role": "assistant", "content": "Old Quay and Hillside together have 7905 people."},
+                {"role": "user", "content": task}
+            ]),
+            tools(),
+        );
+        let Played {
+            step,
+            departure,
+            why,
+        } = play(&script(), 2, &handed_back);
+        assert_eq!(departure, Departure::StartsOver, "{why}");
+        assert_eq!(step, script()[0], "the first step again");
+        // The turn after the repeat plays the second step; a nudge that is not the task
+        // word for word plays the script where it is.
+        let mut messages = handed_back.messages.clone();
+        messages.push(serde_json::from_value(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "table_lookup", "arguments": "{\"table\":\"population\"}"}}]})).unwrap());
+        messages.push(serde_json::from_value(json!({"role": "tool", "tool_call_id": "c2", "content": "Old Quay 2980 | Hillside 4925"})).unwrap());
+        let next = ChatRequest {
+            messages,
+            ..handed_back.clone()
+        };
+        assert_eq!(play(&script(), 3, &next).step, script()[1]);
+        assert_eq!(next.turns_since_task_repeated(), Some(1));
+        let nudged = request(
+            json!([
+                {"role": "user", "content": task},
+                {"role": "assistant", "content": "Old Quay and Hillside together have 7905 people."},
+                {"role": "user", "content": "Reply with only a JSON object of the form {\"answer\": \"...\"}."}
+            ]),
+            tools(),
+        );
+        assert_eq!(nudged.turns_since_task_repeated(), None);
+        assert_ne!(play(&script(), 1, &nudged).departure, Departure::StartsOver);
     }
 
     #[test]
