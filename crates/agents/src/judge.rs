@@ -9,13 +9,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::process::{self, ProcessEnd};
 use crate::tasks::{AnswerType, GaiaTask, SweTask};
 
 /// The verdict and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Judgement {
     pub success: bool,
     pub reason: String,

@@ -46,6 +46,12 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: not a run outcome")]
+    Outcome {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -273,7 +279,7 @@ pub struct AgentResult {
 }
 
 /// What came back from the agent: its result and a check of its trace.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Collected {
     pub result: Option<AgentResult>,
     /// Why `result` is missing or was rejected.
@@ -284,7 +290,7 @@ pub struct Collected {
 }
 
 /// The outcome of a run, also written to `OUT/outcome.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunOutcome {
     pub agent: String,
     pub task_id: String,
@@ -298,6 +304,18 @@ pub struct RunOutcome {
     pub collected: Collected,
     pub judgement: Judgement,
     pub success: bool,
+}
+
+impl RunOutcome {
+    /// Reads back an `outcome.json` that [`run`] wrote: a run directory is complete when it
+    /// holds one, and what happens next (validation, a resumed corpus) reads its facts here.
+    pub fn read(path: &Path) -> Result<RunOutcome, RunError> {
+        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+        serde_json::from_str(&text).map_err(|source| RunError::Outcome {
+            path: path.to_owned(),
+            source,
+        })
+    }
 }
 
 /// Lays out the run directory: task file, work directory, SWE task repository.

@@ -182,6 +182,9 @@ fn one_task_through_the_scripted_server_and_same_seed_same_trace() {
     .unwrap();
     assert!(first.success, "{:?}", first.judgement);
     assert_eq!(first.collected.trace_problems, Vec::<String>::new());
+    // outcome.json reads back as the outcome the run returned.
+    let written = agents::RunOutcome::read(&first.out_dir.join("outcome.json")).unwrap();
+    assert_eq!(written, first);
     assert!(
         first.collected.spans >= 10,
         "{} spans",

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agents::local::{Endpoint, Llm};
+use agents::process::ProcessEnd;
 use agents::run::{self, RunSpec};
 use agents::{Agent, RunOutcome, Task, Workspace};
 use inject::{template, Location, Options, Template};
@@ -398,36 +399,25 @@ impl Runner {
     }
 }
 
-/// Reads a run directory's outcome.json and trace back into [`RunFacts`].
+/// Reads a run directory's outcome.json (typed, [`RunOutcome::read`]) and trace back into
+/// [`RunFacts`].
 fn read_facts(dir: &Path) -> Result<RunFacts, CorpusError> {
-    let path = dir.join("outcome.json");
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let v: Value = serde_json::from_str(&text)
-        .map_err(|e| CorpusError::Plan(format!("{}: {e}", path.display())))?;
-    let end_kind = v["end"]["kind"].as_str().unwrap_or("");
-    let end_value = v["end"]["value"].as_i64();
-    let end = match (end_kind, end_value) {
-        ("exited", Some(c)) => format!("exited with status {c}"),
-        ("signalled", Some(s)) => format!("was killed by signal {s}"),
-        ("timed_out", _) => "ran past its time limit".into(),
-        _ => format!("ended as {}", v["end"]),
+    let outcome = RunOutcome::read(&dir.join("outcome.json"))?;
+    // Worded as manifests have always said it (the corpus digest covers them).
+    let end = match outcome.end {
+        ProcessEnd::Exited(c) => format!("exited with status {c}"),
+        ProcessEnd::Signalled(s) => format!("was killed by signal {s}"),
+        ProcessEnd::TimedOut => "ran past its time limit".into(),
     };
     let trace = dir.join("trace.jsonl");
     let features = TraceFeatures::from_file(&trace).unwrap_or_default();
     Ok(RunFacts {
         end,
-        exit_ok: end_kind == "exited" && end_value == Some(0),
-        timed_out: end_kind == "timed_out",
-        success: v["success"].as_bool().unwrap_or(false),
-        spans: v["spans"].as_u64().unwrap_or(0) as usize,
-        trace_problems: v["trace_problems"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| p.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        exit_ok: outcome.end == ProcessEnd::Exited(0),
+        timed_out: outcome.end == ProcessEnd::TimedOut,
+        success: outcome.success,
+        spans: outcome.collected.spans,
+        trace_problems: outcome.collected.trace_problems,
         features,
     })
 }

@@ -442,34 +442,13 @@ pub fn import_healthy(
     import_trace(store, clean, label)
 }
 
-/// Imports the trace file `original` under `label.trace_id`, with `label`. The rewritten trace
-/// file is kept beside the original.
+/// Imports the trace file `original` under `label.trace_id` (through the store, the file left
+/// as the agent wrote it), with `label`.
 fn import_trace(store: &mut traces::Store, original: &Path, label: traces::Label) -> Result<()> {
-    let trace_id = label.trace_id.clone();
-    let text = std::fs::read_to_string(original).map_err(|e| RlError::io(original, e))?;
-    let mut rekeyed = String::with_capacity(text.len());
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-            RlError::Environment(format!("{}: line {}: {e}", original.display(), i + 1))
-        })?;
-        if let Some(o) = v.as_object_mut() {
-            o.insert(
-                "trace_id".into(),
-                serde_json::Value::String(trace_id.clone()),
-            );
-        }
-        rekeyed.push_str(&v.to_string());
-        rekeyed.push('\n');
-    }
-    let path: PathBuf = original.with_file_name("trace.rekeyed.jsonl");
-    std::fs::write(&path, rekeyed).map_err(|e| RlError::io(&path, e))?;
     let store_err =
-        |e: traces::Error| RlError::Environment(format!("importing {}: {e}", path.display()));
+        |e: traces::Error| RlError::Environment(format!("importing {}: {e}", original.display()));
     store
-        .import_file(&path, traces::Format::Jsonl)
+        .import_file_as(original, traces::Format::Jsonl, &label.trace_id)
         .map_err(store_err)?;
     store.put_label(&label).map_err(store_err)?;
     Ok(())

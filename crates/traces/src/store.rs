@@ -260,6 +260,22 @@ impl Store {
         self.import_batch(batch, &path.display().to_string(), format, options)
     }
 
+    /// Imports a file that holds one trace under `trace_id` instead of the id its spans carry,
+    /// in one transaction: a run's trace kept under an id the caller chose (one that says
+    /// nothing about the run it came from). A file with spans of more than one trace is refused.
+    pub fn import_file_as(
+        &mut self,
+        path: impl AsRef<Path>,
+        format: Format,
+        trace_id: &str,
+    ) -> Result<ImportReport> {
+        let path = path.as_ref();
+        let source = path.display().to_string();
+        let (format, mut batch) = read_file(path, format)?;
+        batch.rekey(trace_id, &source)?;
+        self.import_batch(batch, &source, format, &ImportOptions::default())
+    }
+
     /// Imports spans built in memory (e.g. a Detector episode converted to spans) in one
     /// transaction. `source` names the input in errors and in `traces.source`.
     pub fn import_spans<I: IntoIterator<Item = Span>>(

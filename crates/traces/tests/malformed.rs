@@ -244,3 +244,42 @@ fn in_memory_spans_are_validated_like_files() {
     );
     assert!(store.trace_ids().unwrap().is_empty());
 }
+
+#[test]
+fn a_file_of_one_trace_imports_under_the_id_the_caller_chose_and_two_traces_are_refused() {
+    let (dir, mut store) = populated();
+    let good = fixture("good_agent_trace.jsonl");
+    let text = std::fs::read_to_string(&good).unwrap();
+    let report = store
+        .import_file_as(&good, Format::Jsonl, "t0000001")
+        .unwrap();
+    assert_eq!(report.trace_ids, vec!["t0000001".to_owned()]);
+    let spans = store.spans("t0000001").unwrap();
+    assert_eq!(
+        spans.len(),
+        text.lines().filter(|l| !l.trim().is_empty()).count()
+    );
+    assert!(spans.iter().all(|s| s.trace_id == "t0000001"));
+    // The file itself is left as it was, and its own id is still free.
+    assert_eq!(std::fs::read_to_string(&good).unwrap(), text);
+    store.import_file(&good, Format::Jsonl).unwrap();
+
+    // Spans of two traces in one file would merge into one: refused, naming the file, with
+    // nothing of it imported.
+    let two = dir.path().join("two.jsonl");
+    let other = text.replace(
+        "1f2e3d4c5b6a79881f2e3d4c5b6a7988",
+        "2f2e3d4c5b6a79881f2e3d4c5b6a7988",
+    );
+    std::fs::write(&two, format!("{text}{other}")).unwrap();
+    let before = snapshot(&store);
+    let err = store
+        .import_file_as(&two, Format::Jsonl, "t0000002")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("two.jsonl") && err.contains("2 traces"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&store), before);
+}

@@ -149,6 +149,42 @@ pub struct Batch {
     pub warnings: Vec<String>,
 }
 
+impl Batch {
+    /// Puts the batch's one trace (its spans, metadata and labels) under `trace_id`. A batch
+    /// with spans of more than one trace is refused: they would merge into one.
+    pub fn rekey(&mut self, trace_id: &str, input: &str) -> Result<()> {
+        let mut ids: Vec<&str> = self
+            .spans
+            .iter()
+            .map(|l| l.span.trace_id.as_str())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() > 1 {
+            return Err(Error::Malformed {
+                input: input.to_owned(),
+                at: "trace_id".into(),
+                reason: format!(
+                    "{} traces ({}, ...) cannot all be imported as trace {trace_id}",
+                    ids.len(),
+                    ids[..2].join(", ")
+                ),
+            });
+        }
+        for l in &mut self.spans {
+            trace_id.clone_into(&mut l.span.trace_id);
+        }
+        self.meta = std::mem::take(&mut self.meta)
+            .into_values()
+            .map(|m| (trace_id.to_owned(), m))
+            .collect();
+        for label in &mut self.labels {
+            trace_id.clone_into(&mut label.trace_id);
+        }
+        Ok(())
+    }
+}
+
 /// Reads `path` with the given importer (resolving `Auto` first) into a batch.
 pub fn read_file(path: &Path, format: Format) -> Result<(Format, Batch)> {
     let bytes = std::fs::read(path).map_err(|source| Error::Io {
