@@ -255,9 +255,7 @@ impl Store {
         format: Format,
         options: &ImportOptions,
     ) -> Result<ImportReport> {
-        let path = path.as_ref();
-        let (format, batch) = read_file(path, format)?;
-        self.import_batch(batch, &path.display().to_string(), format, options)
+        self.import_path(path.as_ref(), format, options, None)
     }
 
     /// Imports a file that holds one trace under `trace_id` instead of the id its spans carry,
@@ -269,11 +267,28 @@ impl Store {
         format: Format,
         trace_id: &str,
     ) -> Result<ImportReport> {
-        let path = path.as_ref();
+        self.import_path(
+            path.as_ref(),
+            format,
+            &ImportOptions::default(),
+            Some(trace_id),
+        )
+    }
+
+    /// Reads one file and imports it, its one trace put under `rekey` when given.
+    fn import_path(
+        &mut self,
+        path: &Path,
+        format: Format,
+        options: &ImportOptions,
+        rekey: Option<&str>,
+    ) -> Result<ImportReport> {
         let source = path.display().to_string();
         let (format, mut batch) = read_file(path, format)?;
-        batch.rekey(trace_id, &source)?;
-        self.import_batch(batch, &source, format, &ImportOptions::default())
+        if let Some(trace_id) = rekey {
+            batch.rekey(trace_id, &source)?;
+        }
+        self.import_batch(batch, &source, format, options)
     }
 
     /// Imports spans built in memory (e.g. a Detector episode converted to spans) in one
