@@ -4,14 +4,14 @@
 Measures, on CPU with a fixed thread count and the same SmolLM2 GGUF weights (dequantised to
 f32 by transformers), the same three numbers as `cargo bench -p model --bench throughput`:
 prefill tokens/s (one 512-token prompt), decode tokens/s (greedy steps after a 128-token
-prompt, with the KV cache), and the time of one LoRA forward + backward + AdamW step on a
+prompt, with the KV cache; also for several prompts decoded together, `--decode-batches`), and the time of one LoRA forward + backward + AdamW step on a
 batch of 8 x 512 tokens (r=16, alpha=32, all seven projections, grad-norm clip 1.0).
 
 Installs its own dependencies into bench/.venv on first run (torch, transformers, peft, gguf
 from PyPI) and re-executes itself there. Prints one JSON object on stdout.
 
     python3 bench/pytorch_reference.py --gguf PATH [--threads 2] [--prefill 512] [--decode 64]
-        [--batch 8] [--seq 512] [--rank 16] [--repeats 3] [--skip-train]
+        [--decode-batches 1,4,8] [--batch 8] [--seq 512] [--rank 16] [--repeats 3] [--skip-train]
 """
 import argparse
 import json
@@ -66,11 +66,15 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--decode", type=int, default=64)
+    p.add_argument("--decode-batches", default="1,4,8")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-train", action="store_true")
+    # Flags of the Rust side only, accepted so that bench/run.sh can pass one list to both.
+    p.add_argument("--micro-batch", help="Rust side only: PyTorch runs the batch in one pass")
+    p.add_argument("--train-kernels", help="Rust side only: candle's or crates/model's kernels")
     args = p.parse_args()
 
     import torch
@@ -93,19 +97,29 @@ def main():
             prefill.append(time.perf_counter() - t)
     prefill_tok_s = args.prefill / statistics.median(prefill)
 
-    short = torch.tensor([token_ids(128, vocab, 2)])
-    decode = []
-    with torch.inference_mode():
-        for _ in range(args.repeats):
-            out = model(short, use_cache=True)
+    def decode_seconds(prompts):
+        """Seconds for `args.decode` greedy steps after pre-filling `prompts` (one row each)."""
+        with torch.inference_mode():
+            out = model(prompts, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1]
             t = time.perf_counter()
             for _ in range(args.decode):
                 nxt = logits.argmax(-1, keepdim=True)
                 out = model(nxt, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[:, -1]
-            decode.append(time.perf_counter() - t)
+            return time.perf_counter() - t
+
+    short = torch.tensor([token_ids(128, vocab, 2)])
+    decode = [decode_seconds(short) for _ in range(args.repeats)]
     decode_tok_s = args.decode / statistics.median(decode)
+
+    # Batched decode: one 128-token prompt per row (same LCG seeds as the Rust side), together.
+    batched = {}
+    for rows in [int(n) for n in args.decode_batches.split(",")]:
+        prompts = torch.tensor([token_ids(128, vocab, 10 + r) for r in range(rows)])
+        times = [decode_seconds(prompts) for _ in range(args.repeats)]
+        batched[str(rows)] = rows * args.decode / statistics.median(times)
+        print(f"decode at batch {rows}: {batched[str(rows)]:.1f} tokens/s", file=sys.stderr)
 
     train_step_s = None
     if not args.skip_train:
@@ -141,6 +155,7 @@ def main():
         "prefill_tok_s": prefill_tok_s,
         "decode_tokens": args.decode,
         "decode_tok_s": decode_tok_s,
+        "decode_batch_tok_s": batched,
         "train_batch": args.batch,
         "train_seq": args.seq,
         "lora_rank": args.rank,

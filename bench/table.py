@@ -19,5 +19,12 @@ for name, unit, key, higher_better in rows:
         continue
     ratio = r / t if higher_better else t / r
     print(f"| {name} | {unit} | {r:.2f} | {t:.2f} | {ratio:.2f}x |")
+for rows, r in rust.get("decode_batch_tok_s", {}).items():
+    t = torch.get("decode_batch_tok_s", {}).get(rows)
+    name = f"decode, {rows} prompts together ({rust['decode_tokens']} steps each)"
+    if t is None:
+        print(f"| {name} | tokens/s | {r:.2f} | not measured | - |")
+    else:
+        print(f"| {name} | tokens/s | {r:.2f} | {t:.2f} | {r / t:.2f}x |")
 print()
 print(f"PyTorch side: {torch['impl']}")

@@ -1,9 +1,12 @@
 //! Throughput of this crate on real weights: prefill tokens/s, decode tokens/s, and one LoRA
 //! forward + backward + AdamW step on a `batch × seq` batch. The PyTorch reference
 //! (bench/pytorch_reference.py) measures the same three numbers on the same GGUF weights.
+//! Decode is also measured for several conversations at once (`--decode-batches`), each row
+//! its own prompt and its own cache row, as batched rollouts decode them.
 //!
 //! cargo bench -p model --bench throughput -- --gguf PATH [--threads 2] [--prefill 512]
-//!     [--decode 64] [--batch 8] [--seq 512] [--micro-batch 2] [--rank 16] [--repeats 3]
+//!     [--decode 64] [--decode-batches 1,4,8] [--batch 8] [--seq 512] [--micro-batch 2]
+//!     [--rank 16] [--repeats 3] [--train-kernels fused,composed]
 //!
 //! Prints one JSON object on stdout.
 
@@ -16,12 +19,15 @@ struct Args {
     threads: usize,
     prefill: usize,
     decode: usize,
+    decode_batches: Vec<usize>,
     batch: usize,
     seq: usize,
     micro_batch: usize,
     rank: usize,
     repeats: usize,
     skip_train: bool,
+    /// Which training-path kernels to time: "fused" (the default), "composed", or both.
+    train_kernels: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -30,12 +36,14 @@ fn parse_args() -> Args {
         threads: 2,
         prefill: 512,
         decode: 64,
+        decode_batches: vec![1, 4, 8],
         batch: 8,
         seq: 512,
         micro_batch: 2,
         rank: 16,
         repeats: 3,
         skip_train: false,
+        train_kernels: vec!["fused".into()],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -51,6 +59,21 @@ fn parse_args() -> Args {
             "--threads" => a.threads = num(),
             "--prefill" => a.prefill = num(),
             "--decode" => a.decode = num(),
+            "--train-kernels" => {
+                a.train_kernels = value().split(',').map(|k| k.trim().to_string()).collect();
+                for k in &a.train_kernels {
+                    assert!(
+                        k == "fused" || k == "composed",
+                        "--train-kernels takes fused,composed"
+                    );
+                }
+            }
+            "--decode-batches" => {
+                a.decode_batches = value()
+                    .split(',')
+                    .map(|n| n.trim().parse().expect("--decode-batches takes 1,4,8"))
+                    .collect()
+            }
             "--batch" => a.batch = num(),
             "--seq" => a.seq = num(),
             "--micro-batch" => a.micro_batch = num(),
@@ -135,7 +158,32 @@ fn main() {
     }
     let decode_tok_s = args.decode as f64 / median(decode_s);
 
+    // Batched decode: `rows` conversations with their own 128-token prompts, greedy, together.
+    let mut batched = serde_json::Map::new();
+    for &rows in &args.decode_batches {
+        let prompts: Vec<Vec<u32>> = (0..rows)
+            .map(|r| token_ids(128, vocab, 10 + r as u64))
+            .collect();
+        let mut times = vec![];
+        for _ in 0..args.repeats {
+            let mut cache = KvCache::new(&m, rows);
+            let mut logits = m.feed(&mut cache, &prompts).unwrap();
+            let t = Instant::now();
+            for _ in 0..args.decode {
+                let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+                let chunks: Vec<Vec<u32>> = next.into_iter().map(|id| vec![id]).collect();
+                logits = m.feed(&mut cache, &chunks).unwrap();
+            }
+            logits.to_vec2::<f32>().unwrap();
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let tok_s = (rows * args.decode) as f64 / median(times);
+        eprintln!("decode at batch {rows}: {tok_s:.1} tokens/s");
+        batched.insert(rows.to_string(), serde_json::json!(tok_s));
+    }
+
     let mut train_step_s = None;
+    let mut train_by_kernels = serde_json::Map::new();
     if !args.skip_train {
         m.add_adapter(
             "bench",
@@ -162,40 +210,53 @@ fn main() {
         let mask = Tensor::ones((args.batch, args.seq), DType::U32, &dev).unwrap();
         let micro = args.micro_batch.clamp(1, args.batch);
         let n_micro = args.batch.div_ceil(micro);
-        let mut times = vec![];
-        // One untimed warm-up step, then `repeats - 1` (at least one) timed steps.
-        for step in 0..args.repeats.max(2) {
-            let t = Instant::now();
-            grads.reset();
-            for k in 0..n_micro {
-                let start = k * micro;
-                let len = micro.min(args.batch - start);
-                let out = m
-                    .policy_forward(
-                        &ids.narrow(0, start, len).unwrap(),
-                        &mask.narrow(0, start, len).unwrap(),
-                        Some("bench"),
-                        false,
-                    )
-                    .unwrap();
-                let loss = (masked_mean(&out.logprobs, &out.valid)
-                    .unwrap()
-                    .neg()
-                    .unwrap()
-                    / n_micro as f64)
-                    .unwrap();
-                drop(out);
-                grads.accumulate(&loss).unwrap();
+        for kernels in &args.train_kernels {
+            m.set_fused_training_kernels(kernels == "fused");
+            let mut times = vec![];
+            // One untimed warm-up step, then `repeats - 1` (at least one) timed steps.
+            for step in 0..args.repeats.max(2) {
+                let t = Instant::now();
+                let mut forward_s = 0.0;
+                grads.reset();
+                for k in 0..n_micro {
+                    let start = k * micro;
+                    let len = micro.min(args.batch - start);
+                    let fwd = Instant::now();
+                    let out = m
+                        .policy_forward(
+                            &ids.narrow(0, start, len).unwrap(),
+                            &mask.narrow(0, start, len).unwrap(),
+                            Some("bench"),
+                            false,
+                        )
+                        .unwrap();
+                    let loss = (masked_mean(&out.logprobs, &out.valid)
+                        .unwrap()
+                        .neg()
+                        .unwrap()
+                        / n_micro as f64)
+                        .unwrap();
+                    drop(out);
+                    forward_s += fwd.elapsed().as_secs_f64();
+                    grads.accumulate(&loss).unwrap();
+                }
+                grads.clip_global_norm(1.0).unwrap();
+                opt.step(&grads).unwrap();
+                let dt = t.elapsed().as_secs_f64();
+                eprintln!(
+                    "train step {step} ({kernels}): {dt:.2}s, of which forward {forward_s:.2}s"
+                );
+                if step > 0 {
+                    times.push(dt);
+                }
             }
-            grads.clip_global_norm(1.0).unwrap();
-            opt.step(&grads).unwrap();
-            let dt = t.elapsed().as_secs_f64();
-            eprintln!("train step {step}: {dt:.2}s");
-            if step > 0 {
-                times.push(dt);
+            let step_s = median(times);
+            eprintln!("train step with {kernels} kernels: {step_s:.2}s");
+            if kernels == "fused" || train_step_s.is_none() {
+                train_step_s = Some(step_s);
             }
+            train_by_kernels.insert(kernels.clone(), serde_json::json!(step_s));
         }
-        train_step_s = Some(median(times));
     }
     println!(
         "{}",
@@ -206,11 +267,13 @@ fn main() {
             "prefill_tok_s": prefill_tok_s,
             "decode_tokens": args.decode,
             "decode_tok_s": decode_tok_s,
+            "decode_batch_tok_s": batched,
             "train_batch": args.batch,
             "train_seq": args.seq,
             "train_micro_batch": args.micro_batch,
             "lora_rank": args.rank,
             "train_step_s": train_step_s,
+            "train_step_s_by_kernels": train_by_kernels,
         })
     );
 }

@@ -18,6 +18,7 @@ pub mod generate;
 pub mod load;
 pub mod lora;
 pub mod model;
+pub mod ops;
 pub mod testing;
 pub mod tokenizer;
 pub mod train;

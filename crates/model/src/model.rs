@@ -80,6 +80,17 @@ pub(crate) struct LayerKv {
     pub(crate) v: Tensor,
 }
 
+/// Which implementation of softmax, RMSNorm and RoPE a pass uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kernels {
+    /// candle's fused kernels: the fastest, but they record no gradient (inference).
+    Inference,
+    /// [`crate::ops`]: fused, with their own backward (CPU, f32 and f64).
+    Differentiable,
+    /// Compositions of candle's differentiable primitives (bf16, CUDA).
+    Composed,
+}
+
 /// How a forward pass runs: which adapter, which kernels, whether dropout is on.
 #[derive(Clone, Copy)]
 pub(crate) struct PassOptions<'a> {
@@ -108,6 +119,9 @@ pub struct Model {
     pub(crate) adapters: BTreeMap<String, Adapter>,
     pub(crate) active: Option<String>,
     pub(crate) training: bool,
+    /// Whether the training path uses [`crate::ops`]' fused kernels where they exist (the
+    /// default) or candle's compositions (for comparisons: the bench, the tests).
+    pub(crate) fused_training: bool,
     /// Where the weights came from, for adapter_config.json's `base_model_name_or_path`.
     pub(crate) source: String,
 }
@@ -208,6 +222,7 @@ impl Model {
             adapters: BTreeMap::new(),
             active: None,
             training: false,
+            fused_training: true,
             source: origin.to_string(),
         })
     }
@@ -366,6 +381,14 @@ impl Model {
     /// Training mode turns LoRA dropout on in the training path. Off by default.
     pub fn set_training(&mut self, training: bool) {
         self.training = training;
+    }
+
+    /// Whether the training path runs the fused kernels of [`crate::ops`] (on by default;
+    /// they exist for f32 and f64 on the CPU) or the compositions of candle's differentiable
+    /// primitives they replace. Both compute the same function and gradient; the switch lets
+    /// a benchmark or a test compare them in one process.
+    pub fn set_fused_training_kernels(&mut self, on: bool) {
+        self.fused_training = on;
     }
 
     /// Adds a zero-initialised scalar value head to adapter `name`.
@@ -591,7 +614,7 @@ impl Model {
         opts: PassOptions<'_>,
     ) -> Result<Tensor> {
         let (cos, sin) = self.rope_tables(positions)?;
-        let (cos, sin) = if opts.fused {
+        let (cos, sin) = if self.kernels(opts) != Kernels::Composed {
             (cos, sin)
         } else {
             // Full-width tables for the rotate-half formulation: (b, 1, t, head_dim).
@@ -605,7 +628,7 @@ impl Model {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c[layer]);
             x = self.block_forward(layer, block, &x, b, t, &cos, &sin, bias, layer_cache, opts)?;
         }
-        self.rms_norm(&x, &self.final_norm, opts.fused)
+        self.rms_norm(&x, &self.final_norm, self.kernels(opts))
     }
 
     /// The final-normed hidden states `(seq, hidden)` of one sequence through the fused
@@ -641,14 +664,30 @@ impl Model {
         Ok(crate::frozen::frozen_matmul(hidden, head)?)
     }
 
-    fn rms_norm(&self, x: &Tensor, weight: &Tensor, fused: bool) -> Result<Tensor> {
+    /// The kernels a pass with `opts` runs: inference kernels when no gradient is wanted,
+    /// otherwise this crate's fused ones where they exist, else compositions.
+    pub(crate) fn kernels(&self, opts: PassOptions<'_>) -> Kernels {
+        if opts.fused {
+            Kernels::Inference
+        } else if self.fused_training && crate::ops::available(&self.device, self.dtype) {
+            Kernels::Differentiable
+        } else {
+            Kernels::Composed
+        }
+    }
+
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor, kernels: Kernels) -> Result<Tensor> {
         let eps = self.config.rms_norm_eps;
-        if fused {
-            return Ok(candle_nn::ops::rms_norm(
-                &x.contiguous()?,
-                weight,
-                eps as f32,
-            )?);
+        match kernels {
+            Kernels::Inference => {
+                return Ok(candle_nn::ops::rms_norm(
+                    &x.contiguous()?,
+                    weight,
+                    eps as f32,
+                )?)
+            }
+            Kernels::Differentiable => return Ok(crate::ops::rms_norm(x, weight, eps)?),
+            Kernels::Composed => {}
         }
         let xf = x.to_dtype(self.score_dtype())?;
         let mean_sq = xf.sqr()?.mean_keepdim(D::Minus1)?;
@@ -667,21 +706,30 @@ impl Model {
         x: &Tensor,
         opts: PassOptions<'_>,
     ) -> Result<Tensor> {
+        let pair = opts.adapter.and_then(|a| Some((a, a.pair(layer, proj)?)));
+        let Some((adapter, pair)) = pair else {
+            return lin.forward(x);
+        };
+        let p = adapter.config.dropout;
+        let dropout = opts.dropout && p > 0.0;
+        if !dropout && self.kernels(opts) == Kernels::Differentiable {
+            return Ok(crate::ops::lora_linear(
+                x,
+                &lin.weight,
+                lin.bias.as_ref(),
+                pair.a.as_tensor(),
+                pair.b.as_tensor(),
+                adapter.config.scale(),
+            )?);
+        }
         let y = lin.forward(x)?;
-        let Some(adapter) = opts.adapter else {
-            return Ok(y);
-        };
-        let Some(pair) = adapter.pair(layer, proj) else {
-            return Ok(y);
-        };
         let (a, b) = if opts.fused {
             (pair.a.as_tensor().detach(), pair.b.as_tensor().detach())
         } else {
             (pair.a.as_tensor().clone(), pair.b.as_tensor().clone())
         };
         let (a, b) = (a.to_dtype(self.dtype)?, b.to_dtype(self.dtype)?);
-        let p = adapter.config.dropout;
-        let input = if opts.dropout && p > 0.0 {
+        let input = if dropout {
             candle_nn::ops::dropout(x, p as f32)?
         } else {
             x.clone()
@@ -701,14 +749,25 @@ impl Model {
         Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
     }
 
-    fn softmax(&self, scores: &Tensor, fused: bool) -> Result<Tensor> {
-        if fused {
-            return Ok(candle_nn::ops::softmax_last_dim(scores)?);
+    /// `softmax(scores + bias)` over the keys: `scores` is `(batch, kv_heads, rep·queries,
+    /// keys)`, `bias` is `(batch, 1, queries, keys)`.
+    fn masked_softmax(&self, scores: &Tensor, bias: &Tensor, kernels: Kernels) -> Result<Tensor> {
+        if kernels == Kernels::Differentiable {
+            return Ok(crate::ops::masked_softmax(scores, bias)?);
         }
-        // The max is a constant shift (softmax is invariant to it), so it is detached.
-        let max = scores.max_keepdim(D::Minus1)?.detach();
-        let e = scores.broadcast_sub(&max)?.exp()?;
-        Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+        let (b, kv, rows, keys) = scores.dims4()?;
+        let queries = bias.dim(2)?;
+        let unfolded = scores.reshape((b, kv * rows / queries, queries, keys))?;
+        let scores = unfolded.broadcast_add(bias)?;
+        let probs = if kernels == Kernels::Inference {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        } else {
+            // The max is a constant shift (softmax is invariant to it), so it is detached.
+            let max = scores.max_keepdim(D::Minus1)?.detach();
+            let e = scores.broadcast_sub(&max)?.exp()?;
+            e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?
+        };
+        Ok(probs.reshape((b, kv, rows, keys))?)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -727,15 +786,30 @@ impl Model {
     ) -> Result<Tensor> {
         let c = &self.config;
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let h = self.rms_norm(x, &block.attn_norm, opts.fused)?;
+        let kernels = self.kernels(opts);
+        let h = self.rms_norm(x, &block.attn_norm, kernels)?;
         let q = self.project(layer, Projection::Q, &block.q, &h, opts)?;
         let k = self.project(layer, Projection::K, &block.k, &h, opts)?;
         let v = self.project(layer, Projection::V, &block.v, &h, opts)?;
-        let q = q.reshape((b, t, nh, hd))?.transpose(1, 2)?;
-        let k = k.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
+        let q = q.reshape((b, t, nh, hd))?;
+        let k = k.reshape((b, t, nkv, hd))?;
         let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-        let q = self.rope(&q, cos, sin, opts.fused)?;
-        let k = self.rope(&k, cos, sin, opts.fused)?.contiguous()?;
+        let (q, k) = if kernels == Kernels::Differentiable {
+            // Rotated where the projection left them, (b, t, heads, d): no copy before.
+            (
+                crate::ops::rope(&q, cos, sin)?.transpose(1, 2)?,
+                crate::ops::rope(&k, cos, sin)?
+                    .transpose(1, 2)?
+                    .contiguous()?,
+            )
+        } else {
+            let fused = kernels == Kernels::Inference;
+            (
+                self.rope(&q.transpose(1, 2)?, cos, sin, fused)?,
+                self.rope(&k.transpose(1, 2)?, cos, sin, fused)?
+                    .contiguous()?,
+            )
+        };
         let (k, v) = match cache {
             Some(slot) => {
                 let (k, v) = match slot.take() {
@@ -753,31 +827,30 @@ impl Model {
             }
             None => (k, v),
         };
-        let tk = k.dim(2)?;
         let rep = nh / nkv;
         // Grouped-query attention without copying keys: fold the query heads that share a
-        // key/value head into the sequence axis.
-        // Scaling q (not the scores) keeps one fewer (batch, heads, t, t) tensor alive for
-        // backward.
+        // key/value head into the sequence axis. Scaling q (not the scores) keeps one fewer
+        // (batch, heads, t, t) tensor alive for backward.
         let scale = 1.0 / (hd as f64).sqrt();
         let q = (q.contiguous()?.reshape((b, nkv, rep * t, hd))? * scale)?;
-        let scores = q
-            .matmul(&k.t()?)?
-            .reshape((b, nh, t, tk))?
-            .to_dtype(self.score_dtype())?
-            .broadcast_add(bias)?;
-        let probs = self.softmax(&scores, opts.fused)?.to_dtype(self.dtype)?;
-        let attn = probs.reshape((b, nkv, rep * t, tk))?.matmul(&v)?;
-        let attn = attn
-            .reshape((b, nh, t, hd))?
-            .transpose(1, 2)?
-            .reshape((b * t, nh * hd))?;
+        // Scores stay folded, (b, kv_heads, rep·t, keys): the same memory as (b, heads, t,
+        // keys), and each reshape would be one more graph node with its own gradient buffer.
+        let scores = q.matmul(&k.t()?)?.to_dtype(self.score_dtype())?;
+        let probs = self
+            .masked_softmax(&scores, bias, kernels)?
+            .to_dtype(self.dtype)?;
+        let attn = probs.matmul(&v)?.reshape((b, nh, t, hd))?;
+        let attn = attn.transpose(1, 2)?.reshape((b * t, nh * hd))?;
         let attn = self.project(layer, Projection::O, &block.o, &attn, opts)?;
         let x = (x + attn)?;
-        let h = self.rms_norm(&x, &block.mlp_norm, opts.fused)?;
+        let h = self.rms_norm(&x, &block.mlp_norm, kernels)?;
         let gate = self.project(layer, Projection::Gate, &block.gate, &h, opts)?;
         let up = self.project(layer, Projection::Up, &block.up, &h, opts)?;
-        let act = (candle_nn::ops::silu(&gate)? * up)?;
+        let act = if kernels == Kernels::Differentiable {
+            crate::ops::swiglu(&gate, &up)?
+        } else {
+            (candle_nn::ops::silu(&gate)? * up)?
+        };
         let down = self.project(layer, Projection::Down, &block.down, &act, opts)?;
         Ok((x + down)?)
     }

@@ -6,13 +6,21 @@ use crate::error::{ModelError, Result};
 use crate::model::Model;
 use candle_core::{DType, Tensor, Var, D};
 
-/// Differentiable log-softmax over the last axis, computed in f32 (f64 stays f64).
+/// Differentiable log-softmax over the last axis, computed in f32 (f64 stays f64), with the
+/// fused kernel of [`crate::ops`] where it runs.
 pub fn log_softmax(logits: &Tensor) -> Result<Tensor> {
+    log_softmax_with(logits, true)
+}
+
+fn log_softmax_with(logits: &Tensor, fused: bool) -> Result<Tensor> {
     let x = if logits.dtype() == DType::F64 {
         logits.clone()
     } else {
         logits.to_dtype(DType::F32)?
     };
+    if fused && crate::ops::available(x.device(), x.dtype()) {
+        return Ok(crate::ops::log_softmax(&x)?);
+    }
     // The max is only a numerical shift; detaching it leaves the gradient exact.
     let max = x.max_keepdim(D::Minus1)?.detach();
     let shifted = x.broadcast_sub(&max)?;
@@ -23,17 +31,25 @@ pub fn log_softmax(logits: &Tensor) -> Result<Tensor> {
 /// `log p(targets[b, t])` under `logits[b, t]`: `(batch, seq, vocab)` × `(batch, seq)` →
 /// `(batch, seq)`.
 pub fn gather_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let lp = log_softmax(logits)?;
+    gather_last(&log_softmax(logits)?, targets)
+}
+
+/// Entropy of each next-token distribution: `(batch, seq, vocab)` → `(batch, seq)`.
+pub fn entropy(logits: &Tensor) -> Result<Tensor> {
+    entropy_of(&log_softmax(logits)?)
+}
+
+/// `lp[b, t, targets[b, t]]`.
+fn gather_last(lp: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let idx = targets.to_dtype(DType::U32)?.unsqueeze(D::Minus1)?;
     Ok(lp
         .gather(&idx.contiguous()?, D::Minus1)?
         .squeeze(D::Minus1)?)
 }
 
-/// Entropy of each next-token distribution: `(batch, seq, vocab)` → `(batch, seq)`.
-pub fn entropy(logits: &Tensor) -> Result<Tensor> {
-    let lp = log_softmax(logits)?;
-    Ok((lp.exp()? * &lp)?.sum(D::Minus1)?.neg()?)
+/// `−Σ p log p` over the last axis, from log-probabilities.
+fn entropy_of(lp: &Tensor) -> Result<Tensor> {
+    Ok((lp.exp()? * lp)?.sum(D::Minus1)?.neg()?)
 }
 
 /// Mean of `x` over positions where `mask` is 1 (a scalar); errors if the mask is all zero.
@@ -51,8 +67,9 @@ pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
 /// What one training forward pass yields, aligned with `input_ids`.
 #[derive(Debug, Clone)]
 pub struct PolicyOutput {
-    /// `(batch, seq, vocab)` in the model's dtype.
-    pub logits: Tensor,
+    /// `(batch, seq, vocab)` in the model's dtype; `None` when only the targets'
+    /// log-probabilities were needed and the fused kernels computed them without logits.
+    pub logits: Option<Tensor>,
     /// `(batch, seq, hidden)`, after the final norm.
     pub last_hidden: Tensor,
     /// `(batch, seq)` f32: at position `t`, `log p(input_ids[t] | input_ids[..t])`; 0 where
@@ -68,6 +85,11 @@ pub struct PolicyOutput {
 }
 
 impl Model {
+    /// [`log_softmax`] with the kernels [`Model::set_fused_training_kernels`] chose.
+    fn log_softmax(&self, logits: &Tensor) -> Result<Tensor> {
+        log_softmax_with(logits, self.fused_training)
+    }
+
     /// Per-token log-probabilities of `input_ids` under the active adapter (see
     /// [`PolicyOutput::logprobs`] for the alignment). Differentiable.
     pub fn token_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
@@ -86,8 +108,21 @@ impl Model {
         adapter: Option<&str>,
         with_entropy: bool,
     ) -> Result<PolicyOutput> {
-        let (logits, last_hidden) = self.forward_train_with(input_ids, attention_mask, adapter)?;
+        let last_hidden = self.hidden_train_with(input_ids, attention_mask, adapter)?;
         let (b, t) = input_ids.dims2()?;
+        // Without entropy, only the targets' log-probabilities are needed: where the fused
+        // kernels run they come from the hidden states directly, and no logits are made.
+        let direct =
+            !with_entropy && self.fused_training && crate::ops::available(&self.device, self.dtype);
+        let logits = if direct {
+            None
+        } else {
+            let hidden = last_hidden.reshape((b * t, self.config.hidden_size))?;
+            Some(
+                self.logits(&hidden)?
+                    .reshape((b, t, self.config.vocab_size))?,
+            )
+        };
         let out_dtype = if self.dtype == DType::F64 {
             DType::F64
         } else {
@@ -96,12 +131,26 @@ impl Model {
         let mask = attention_mask.to_dtype(out_dtype)?;
         let zeros = Tensor::zeros((b, 1), out_dtype, &self.device)?;
         let (logprobs, ent, valid) = if t > 1 {
-            let pred = logits.narrow(1, 0, t - 1)?;
             let targets = input_ids.narrow(1, 1, t - 1)?;
-            let lp = gather_logprobs(&pred, &targets)?;
             let valid = (mask.narrow(1, 1, t - 1)? * mask.narrow(1, 0, t - 1)?)?;
+            let (lp, all) = match &logits {
+                None => {
+                    let h = self.config.hidden_size;
+                    let rows = last_hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), h))?;
+                    let ids: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+                    let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+                    let lp = crate::ops::token_logprobs(&rows, head, &ids)?;
+                    (lp.reshape((b, t - 1))?.to_dtype(out_dtype)?, None)
+                }
+                Some(logits) => {
+                    // One log-softmax over the vocabulary serves the log-probs and the entropy.
+                    let all = self.log_softmax(&logits.narrow(1, 0, t - 1)?)?;
+                    (gather_last(&all, &targets)?, Some(all))
+                }
+            };
             let ent = if with_entropy {
-                let ent = (entropy(&pred)? * &valid)?;
+                let all = all.expect("entropy is asked for, so the logits were made");
+                let ent = (entropy_of(&all)? * &valid)?;
                 Some(Tensor::cat(&[&zeros, &ent], 1)?)
             } else {
                 None
