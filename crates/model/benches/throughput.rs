@@ -121,6 +121,21 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Seconds for `steps` greedy decoding steps of all `prompts` together (one cache row each),
+/// after pre-filling them, which is not timed.
+fn decode_seconds(m: &model::Model, prompts: &[Vec<u32>], steps: usize) -> f64 {
+    let mut cache = KvCache::new(m, prompts.len());
+    let mut logits = m.feed(&mut cache, prompts).unwrap();
+    let t = Instant::now();
+    for _ in 0..steps {
+        let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+        let chunks: Vec<Vec<u32>> = next.into_iter().map(|id| vec![id]).collect();
+        logits = m.feed(&mut cache, &chunks).unwrap();
+    }
+    logits.to_vec2::<f32>().unwrap();
+    t.elapsed().as_secs_f64()
+}
+
 fn main() {
     let args = parse_args();
     // candle's CPU kernels size their thread pools from this variable.
@@ -144,18 +159,9 @@ fn main() {
 
     // Decode: greedy steps after a 128-token prompt.
     let short = token_ids(128, vocab, 2);
-    let mut decode_s = vec![];
-    for _ in 0..args.repeats {
-        let mut cache = KvCache::new(&m, 1);
-        let mut logits = m.feed(&mut cache, std::slice::from_ref(&short)).unwrap();
-        let t = Instant::now();
-        for _ in 0..args.decode {
-            let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
-            logits = m.feed(&mut cache, &[vec![next]]).unwrap();
-        }
-        logits.to_vec2::<f32>().unwrap();
-        decode_s.push(t.elapsed().as_secs_f64());
-    }
+    let decode_s = (0..args.repeats)
+        .map(|_| decode_seconds(&m, std::slice::from_ref(&short), args.decode))
+        .collect();
     let decode_tok_s = args.decode as f64 / median(decode_s);
 
     // Batched decode: `rows` conversations with their own 128-token prompts, greedy, together.
@@ -164,19 +170,9 @@ fn main() {
         let prompts: Vec<Vec<u32>> = (0..rows)
             .map(|r| token_ids(128, vocab, 10 + r as u64))
             .collect();
-        let mut times = vec![];
-        for _ in 0..args.repeats {
-            let mut cache = KvCache::new(&m, rows);
-            let mut logits = m.feed(&mut cache, &prompts).unwrap();
-            let t = Instant::now();
-            for _ in 0..args.decode {
-                let next = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap();
-                let chunks: Vec<Vec<u32>> = next.into_iter().map(|id| vec![id]).collect();
-                logits = m.feed(&mut cache, &chunks).unwrap();
-            }
-            logits.to_vec2::<f32>().unwrap();
-            times.push(t.elapsed().as_secs_f64());
-        }
+        let times = (0..args.repeats)
+            .map(|_| decode_seconds(&m, &prompts, args.decode))
+            .collect();
         let tok_s = (rows * args.decode) as f64 / median(times);
         eprintln!("decode at batch {rows}: {tok_s:.1} tokens/s");
         batched.insert(rows.to_string(), serde_json::json!(tok_s));

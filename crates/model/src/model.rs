@@ -80,7 +80,8 @@ pub(crate) struct LayerKv {
     pub(crate) v: Tensor,
 }
 
-/// Which implementation of softmax, RMSNorm and RoPE a pass uses.
+/// Which implementation of the attention softmax, RMSNorm, RoPE, SwiGLU and the LoRA
+/// projections a pass uses.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kernels {
     /// candle's fused kernels: the fastest, but they record no gradient (inference).
@@ -660,8 +661,18 @@ impl Model {
     /// Next-token logits `(rows, vocab)` for final-normed hidden states `(rows, hidden)`.
     /// Differentiable in `hidden`; the head itself is frozen.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Ok(crate::frozen::frozen_matmul(hidden, head)?)
+        Ok(crate::frozen::frozen_matmul(hidden, self.lm_head_weight())?)
+    }
+
+    /// The LM head's `(vocab, hidden)` weight: its own, or the embeddings when tied.
+    pub(crate) fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Whether a pass that wants gradients runs [`crate::ops`]: switched on, and on a device
+    /// and dtype the kernels exist for.
+    pub(crate) fn fused_training_kernels(&self) -> bool {
+        self.fused_training && crate::ops::available(&self.device, self.dtype)
     }
 
     /// The kernels a pass with `opts` runs: inference kernels when no gradient is wanted,
@@ -669,7 +680,7 @@ impl Model {
     pub(crate) fn kernels(&self, opts: PassOptions<'_>) -> Kernels {
         if opts.fused {
             Kernels::Inference
-        } else if self.fused_training && crate::ops::available(&self.device, self.dtype) {
+        } else if self.fused_training_kernels() {
             Kernels::Differentiable
         } else {
             Kernels::Composed

@@ -21,8 +21,9 @@
 //! two small products, scale, sum) cost five activation-sized buffers and as many passes in
 //! each direction; fused, it is one node with one input gradient.
 //!
-//! The additive mask of [`masked_softmax`], the norm's weight and RoPE's tables are constants of
-//! a LoRA update (frozen or computed from positions), so they get no gradient, in the manner of
+//! The additive mask of [`masked_softmax`], the norm's weight, RoPE's tables, the LM head of
+//! [`token_logprobs`] and the frozen weight and bias of [`lora_linear`] are constants of a LoRA
+//! update (frozen or computed from positions), so they get no gradient, in the manner of
 //! [`crate::frozen`]. Only f32 and f64 on the CPU are implemented ([`available`]); the model
 //! falls back to the compositions elsewhere (bf16, CUDA). `tests/ops.rs` checks every op and its
 //! gradient against the composition it replaces and against finite differences.

@@ -112,8 +112,7 @@ impl Model {
         let (b, t) = input_ids.dims2()?;
         // Without entropy, only the targets' log-probabilities are needed: where the fused
         // kernels run they come from the hidden states directly, and no logits are made.
-        let direct =
-            !with_entropy && self.fused_training && crate::ops::available(&self.device, self.dtype);
+        let direct = !with_entropy && self.fused_training_kernels();
         let logits = if direct {
             None
         } else {
@@ -138,8 +137,7 @@ impl Model {
                     let h = self.config.hidden_size;
                     let rows = last_hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), h))?;
                     let ids: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
-                    let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-                    let lp = crate::ops::token_logprobs(&rows, head, &ids)?;
+                    let lp = crate::ops::token_logprobs(&rows, self.lm_head_weight(), &ids)?;
                     (lp.reshape((b, t - 1))?.to_dtype(out_dtype)?, None)
                 }
                 Some(logits) => {
