@@ -259,3 +259,13 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         .max(0)?
         .to_scalar::<f32>()?)
 }
+
+/// The largest `|a − b|`, computed in f64: for comparisons finer than f32 resolves (f64 models,
+/// gradient checks, bit-for-bit reproductions), which [`max_abs_diff`] would round away.
+pub fn max_abs_diff_f64(a: &Tensor, b: &Tensor) -> Result<f64> {
+    Ok((a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f64>()?)
+}

@@ -23,21 +23,8 @@ fn randn(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(data, shape, &CPU).unwrap()
 }
 
-/// In f64: `model::testing::max_abs_diff` rounds both sides to f32 first, which would hide the
-/// differences these tolerances (1e-10 and below) are about.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
+    model::testing::max_abs_diff_f64(a, b).unwrap()
 }
 
 /// Checks `fused` against `composed` on input `x`: outputs, the gradient of `Σ out ⊙ weights`,

@@ -73,16 +73,7 @@ fn assert_same_tensors(a: &Path, b: &Path) {
         tb.keys().collect()
     );
     for (k, x) in &ta {
-        let d = (x.to_dtype(DType::F64).unwrap() - tb[k].to_dtype(DType::F64).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
+        let d = model::testing::max_abs_diff_f64(x, &tb[k]).unwrap();
         assert_eq!(
             d,
             0.0,
