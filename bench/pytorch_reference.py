@@ -12,6 +12,11 @@ from PyPI) and re-executes itself there. Prints one JSON object on stdout.
 
     python3 bench/pytorch_reference.py --gguf PATH [--threads 2] [--prefill 512] [--decode 64]
         [--decode-batches 1,4,8] [--batch 8] [--seq 512] [--rank 16] [--repeats 3] [--skip-train]
+        [--device cpu|cuda] [--dtype f32|bf16]
+
+With `--device cuda` it times the GPU, synchronising before each clock read. It runs under
+the Python that started it when that already has torch, transformers, peft and gguf (a GPU
+machine's image); otherwise it installs them into bench/.venv.
 """
 import argparse
 import json
@@ -30,6 +35,11 @@ REQUIREMENTS = ["torch", "transformers", "peft", "gguf", "sentencepiece"]
 def ensure_venv():
     if pathlib.Path(sys.prefix).resolve() == VENV.resolve():
         return
+    try:
+        import torch, transformers, peft, gguf  # noqa: F401  (a prepared image has them)
+        return
+    except ImportError:
+        pass
     python = VENV / "bin" / "python"
     if not python.exists():
         subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
@@ -72,9 +82,14 @@ def main():
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     # Flags of the Rust side only, accepted so that bench/run.sh can pass one list to both.
     p.add_argument("--micro-batch", help="Rust side only: PyTorch runs the batch in one pass")
     p.add_argument("--train-kernels", help="Rust side only: candle's or crates/model's kernels")
+    p.add_argument("--check-cpu", action="store_true", help="Rust side only: CPU parity")
+    p.add_argument("--fit-steps", help="Rust side only: the short fit")
+    p.add_argument("--fit-lr", help="Rust side only: the short fit")
     args = p.parse_args()
 
     import torch
@@ -83,18 +98,36 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     path = pathlib.Path(args.gguf)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 torch_dtype=torch.float32)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    device = torch.device(args.device)
+    try:  # transformers >= 4.56 names it `dtype`; older ones only `torch_dtype`
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=dtype)
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     torch_dtype=dtype)
+    model = model.to(device)
     model.eval()
     vocab = model.config.vocab_size
 
-    prompt = torch.tensor([token_ids(args.prefill, vocab, 1)])
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def tensor(rows):
+        return torch.tensor(rows, device=device)
+
+    prompt = tensor([token_ids(args.prefill, vocab, 1)])
     prefill = []
     with torch.inference_mode():
-        for _ in range(args.repeats):
+        for _ in range(args.repeats + (1 if device.type == "cuda" else 0)):
+            sync()
             t = time.perf_counter()
             model(prompt, use_cache=True)
+            sync()
             prefill.append(time.perf_counter() - t)
+        if device.type == "cuda":
+            prefill = prefill[1:]  # the first call loads kernels
     prefill_tok_s = args.prefill / statistics.median(prefill)
 
     def decode_seconds(prompts):
@@ -102,21 +135,23 @@ def main():
         with torch.inference_mode():
             out = model(prompts, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1]
+            sync()
             t = time.perf_counter()
             for _ in range(args.decode):
                 nxt = logits.argmax(-1, keepdim=True)
                 out = model(nxt, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[:, -1]
+            sync()
             return time.perf_counter() - t
 
-    short = torch.tensor([token_ids(128, vocab, 2)])
+    short = tensor([token_ids(128, vocab, 2)])
     decode = [decode_seconds(short) for _ in range(args.repeats)]
     decode_tok_s = args.decode / statistics.median(decode)
 
     # Batched decode: one 128-token prompt per row (same LCG seeds as the Rust side), together.
     batched = {}
     for rows in [int(n) for n in args.decode_batches.split(",")]:
-        prompts = torch.tensor([token_ids(128, vocab, 10 + r) for r in range(rows)])
+        prompts = tensor([token_ids(128, vocab, 10 + r) for r in range(rows)])
         times = [decode_seconds(prompts) for _ in range(args.repeats)]
         batched[str(rows)] = rows * args.decode / statistics.median(times)
         print(f"decode at batch {rows}: {batched[str(rows)]:.1f} tokens/s", file=sys.stderr)
@@ -132,15 +167,17 @@ def main():
         peft_model.train()
         params = [p for p in peft_model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
-        ids = torch.tensor(token_ids(args.batch * args.seq, vocab, 3)).view(args.batch, args.seq)
+        ids = tensor(token_ids(args.batch * args.seq, vocab, 3)).view(args.batch, args.seq)
         times = []
         for step in range(max(args.repeats, 2)):
+            sync()
             t = time.perf_counter()
             loss = peft_model(input_ids=ids, labels=ids).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            sync()
             dt = time.perf_counter() - t
             print(f"train step {step}: {dt:.2f}s", file=sys.stderr)
             if step > 0:
@@ -148,8 +185,9 @@ def main():
         train_step_s = statistics.median(times)
 
     print(json.dumps({
-        "impl": f"pytorch {torch.__version__} + transformers + peft (f32, "
+        "impl": f"pytorch {torch.__version__} + transformers + peft ({args.dtype}, "
                 f"attn={model.config._attn_implementation})",
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
         "threads": args.threads,
         "prefill_tokens": args.prefill,
         "prefill_tok_s": prefill_tok_s,

@@ -19,7 +19,7 @@ for name, unit, key, higher_better in rows:
         continue
     ratio = r / t if higher_better else t / r
     print(f"| {name} | {unit} | {r:.2f} | {t:.2f} | {ratio:.2f}x |")
-for rows, r in rust.get("decode_batch_tok_s", {}).items():
+for rows, r in sorted(rust.get("decode_batch_tok_s", {}).items(), key=lambda kv: int(kv[0])):
     t = torch.get("decode_batch_tok_s", {}).get(rows)
     name = f"decode, {rows} prompts together ({rust['decode_tokens']} steps each)"
     if t is None:
@@ -27,4 +27,15 @@ for rows, r in rust.get("decode_batch_tok_s", {}).items():
     else:
         print(f"| {name} | tokens/s | {r:.2f} | {t:.2f} | {r / t:.2f}x |")
 print()
-print(f"PyTorch side: {torch['impl']}")
+print(f"PyTorch side: {torch['impl']}, device {torch.get('device', 'cpu')}")
+kernels = ", ".join(f"{k} {v:.2f} s" for k, v in rust.get("train_step_s_by_kernels", {}).items())
+print(f"pathfinder side: {rust['impl']}, device {rust.get('device', 'cpu')}; training kernels: {kernels}")
+for side, result in (("pathfinder", rust), ("PyTorch", torch)):
+    if result.get("gpu_peak_mib") is not None:
+        print(f"{side}: peak GPU memory in use {result['gpu_peak_mib']} MiB (nvidia-smi, the whole run)")
+if rust.get("cpu_relative_diff") is not None:
+    print(f"prefill logits against the CPU (f32): max relative difference {rust['cpu_relative_diff']:.2e}")
+fit = rust.get("fit_losses") or []
+if fit:
+    print(f"short fit of the training batch, {len(fit)} AdamW steps at lr {rust['fit_lr']}: "
+          f"loss {fit[0]:.4f} -> {fit[-1]:.4f}")

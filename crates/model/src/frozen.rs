@@ -86,6 +86,13 @@ impl CustomOp1 for FrozenMatmul {
 pub(crate) fn frozen_matmul(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     if !x.track_op() {
         // Nothing will be differentiated: the plain product (and its fast paths) will do.
+        // candle's CUDA matmul refuses a row-strided input (the last position of each row of
+        // a batch, say), which the CPU's GEMM takes as it is.
+        let x = if x.device().is_cpu() || x.is_contiguous() {
+            x.clone()
+        } else {
+            x.contiguous()?
+        };
         return match x.rank() {
             2 => x.matmul(&weight.t()?),
             _ => x.broadcast_matmul(&weight.t()?),
@@ -106,6 +113,136 @@ pub(crate) fn frozen_matmul(x: &Tensor, weight: &Tensor) -> candle_core::Result<
     y.reshape(shape)
 }
 
+/// `x·Wᵀ` for the inference path, which records no gradient: products of a few rows on the
+/// CPU (decoding) take [`skinny`], the rest [`frozen_matmul`]. The training path keeps to the
+/// GEMM, so that a pass with and without an adapter rounds the same way.
+pub(crate) fn inference_matmul(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    match skinny::product(x, weight)? {
+        Some(y) => Ok(y),
+        None => frozen_matmul(x, weight),
+    }
+}
+
+/// `x·Wᵀ` for a few rows of `x` on the CPU (decoding: one row per conversation), reading each
+/// row of `W` once for all of them.
+///
+/// With the GEMM's AVX-512 kernels compiled in (see this crate's Cargo.toml) a training step
+/// ran 1.36x faster, but decoding — products of one to eight rows — 20–45% slower than with
+/// its AVX2 kernels (BENCHMARKS.md). Decoding is bound by reading the weights, so a dot
+/// product per (row, column) that streams each row of `W` once beats both there.
+mod skinny {
+    use candle_core::{DType, Tensor};
+    use rayon::prelude::*;
+
+    /// Products of at most this many rows take this path.
+    pub(super) const MAX_ROWS: usize = 16;
+    /// Output columns per parallel task.
+    const COLUMNS: usize = 64;
+
+    /// `Some(x·Wᵀ)` when this path applies (CPU, f32, at most [`MAX_ROWS`] rows), else `None`.
+    pub(super) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let dims = x.dims();
+        let Some((&k, lead)) = dims.split_last() else {
+            return Ok(None);
+        };
+        let m: usize = lead.iter().product();
+        if !x.device().is_cpu()
+            || x.dtype() != DType::F32
+            || weight.dtype() != DType::F32
+            || m == 0
+            || m > MAX_ROWS
+        {
+            return Ok(None);
+        }
+        let (n, wk) = weight.dims2()?;
+        if wk != k {
+            candle_core::bail!("frozen matmul: input has {k} features, the weight expects {wk}");
+        }
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let w = weight.contiguous()?;
+        let (storage, layout) = w.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Ok(None);
+        };
+        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg("frozen matmul: weight not contiguous".into())
+        })?;
+        let ws = &cpu.as_slice::<f32>()?[start..end];
+        let yt = columns_then_rows(&xs, ws, m, n, k);
+        // yt is (n, m); the result is (m, n).
+        let mut y = vec![0f32; m * n];
+        for (j, col) in yt.chunks_exact(m).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                y[i * n + j] = v;
+            }
+        }
+        let mut shape = lead.to_vec();
+        shape.push(n);
+        Ok(Some(Tensor::from_vec(y, shape, x.device())?))
+    }
+
+    /// `(x·Wᵀ)ᵀ` as `(n, m)`: each task takes [`COLUMNS`] rows of `W` and dots each with every
+    /// row of `x`.
+    fn columns_then_rows(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+        let mut yt = vec![0f32; n * m];
+        yt.par_chunks_mut(m * COLUMNS)
+            .enumerate()
+            .for_each(|(c, block)| {
+                let w = &w[c * COLUMNS * k..((c * COLUMNS + block.len() / m) * k).min(n * k)];
+                block_dispatch(x, w, block, m, k)
+            });
+        yt
+    }
+
+    fn block_dispatch(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize) {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the processor has both features, checked just above.
+            unsafe { block_avx2(x, w, out, m, k) };
+            return;
+        }
+        block(x, w, out, m, k)
+    }
+
+    /// [`block`] compiled for AVX2 and FMA (8 lanes), chosen at run time.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_avx2(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize) {
+        block(x, w, out, m, k)
+    }
+
+    #[inline(always)]
+    fn block(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize) {
+        for (wj, outs) in w.chunks_exact(k).zip(out.chunks_exact_mut(m)) {
+            for (xi, o) in x.chunks_exact(k).zip(outs.iter_mut()) {
+                *o = dot(xi, wj);
+            }
+        }
+    }
+
+    /// A dot product with 16 independent partial sums, so the compiler keeps them in vector
+    /// registers (a single running sum would be a serial chain of adds).
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 16];
+        let mut ca = a.chunks_exact(16);
+        let mut cb = b.chunks_exact(16);
+        for (x, y) in (&mut ca).zip(&mut cb) {
+            for l in 0..16 {
+                acc[l] += x[l] * y[l];
+            }
+        }
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        acc.iter().sum::<f32>() + tail
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +251,36 @@ mod tests {
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {
         max_abs_diff(a, b).unwrap()
+    }
+
+    #[test]
+    fn a_few_rows_on_the_cpu_match_the_plain_product() {
+        let dev = Device::Cpu;
+        // 70 columns: one full task of 64 and a short one; 37 features: a 16-lane tail.
+        let w = Tensor::randn(0f32, 1.0, (70, 37), &dev).unwrap();
+        for rows in [1, 3, 4, 7, skinny::MAX_ROWS] {
+            let x = Tensor::randn(0f32, 1.0, (1, rows, 37), &dev).unwrap();
+            let ours = inference_matmul(&x, &w).unwrap();
+            let plain = x.broadcast_matmul(&w.t().unwrap()).unwrap();
+            assert_eq!(ours.dims(), &[1, rows, 70]);
+            assert!(
+                diff(&ours, &plain) < 1e-4,
+                "{rows} rows: {}",
+                diff(&ours, &plain)
+            );
+        }
+        // More rows than the path takes, and a row-strided input: the GEMM.
+        let x = Tensor::randn(0f32, 1.0, (skinny::MAX_ROWS + 1, 37), &dev).unwrap();
+        assert!(skinny::product(&x, &w).unwrap().is_none());
+        let wide = Tensor::randn(0f32, 1.0, (4, 74), &dev).unwrap();
+        let strided = wide.narrow(1, 0, 37).unwrap();
+        let ours = inference_matmul(&strided, &w).unwrap();
+        let plain = strided
+            .contiguous()
+            .unwrap()
+            .matmul(&w.t().unwrap())
+            .unwrap();
+        assert!(diff(&ours, &plain) < 1e-4);
     }
 
     #[test]

@@ -274,7 +274,7 @@ impl Model {
         let hidden = self.feed_hidden(cache, chunks)?;
         let len = hidden.dim(1)?;
         let last = hidden.narrow(1, len - 1, 1)?.squeeze(1)?;
-        self.logits(&last)
+        self.decode_logits(&last)
     }
 
     /// [`Model::feed`] without the LM head: the final-normed hidden states of every fed

@@ -25,8 +25,14 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = crate::frozen::frozen_matmul(x, &self.weight)?;
+    /// `x·Wᵀ + b`; `inference` (no gradient wanted) lets a product of a few rows take the
+    /// decoding path of [`crate::frozen::inference_matmul`].
+    fn forward(&self, x: &Tensor, inference: bool) -> Result<Tensor> {
+        let y = if inference {
+            crate::frozen::inference_matmul(x, &self.weight)?
+        } else {
+            crate::frozen::frozen_matmul(x, &self.weight)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -664,14 +670,23 @@ impl Model {
         Ok(crate::frozen::frozen_matmul(hidden, self.lm_head_weight())?)
     }
 
+    /// [`Model::logits`] for decoding, where no gradient is wanted: a few rows take the
+    /// decoding path of [`crate::frozen::inference_matmul`].
+    pub(crate) fn decode_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(crate::frozen::inference_matmul(
+            hidden,
+            self.lm_head_weight(),
+        )?)
+    }
+
     /// The LM head's `(vocab, hidden)` weight: its own, or the embeddings when tied.
     pub(crate) fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
     /// Whether a pass that wants gradients runs [`crate::ops`]: switched on, and on a device
-    /// and dtype the kernels exist for.
-    pub(crate) fn fused_training_kernels(&self) -> bool {
+    /// and dtype the kernels exist for (the CPU in f32 or f64); otherwise compositions run.
+    pub fn fused_training_kernels(&self) -> bool {
         self.fused_training && crate::ops::available(&self.device, self.dtype)
     }
 
@@ -719,7 +734,7 @@ impl Model {
     ) -> Result<Tensor> {
         let pair = opts.adapter.and_then(|a| Some((a, a.pair(layer, proj)?)));
         let Some((adapter, pair)) = pair else {
-            return lin.forward(x);
+            return lin.forward(x, opts.fused);
         };
         let p = adapter.config.dropout;
         let dropout = opts.dropout && p > 0.0;
@@ -733,7 +748,7 @@ impl Model {
                 adapter.config.scale(),
             )?);
         }
-        let y = lin.forward(x)?;
+        let y = lin.forward(x, opts.fused)?;
         let (a, b) = if opts.fused {
             (pair.a.as_tensor().detach(), pair.b.as_tensor().detach())
         } else {
@@ -805,18 +820,23 @@ impl Model {
         let q = q.reshape((b, t, nh, hd))?;
         let k = k.reshape((b, t, nkv, hd))?;
         let v = v.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+        let rep = nh / nkv;
+        // Grouped-query attention without copying keys: fold the query heads that share a
+        // key/value head into the sequence axis, `q` as (b, kv_heads, rep·t, d). Scaling q (not
+        // the scores) keeps one fewer (batch, heads, t, t) tensor alive for backward.
+        let scale = 1.0 / (hd as f64).sqrt();
         let (q, k) = if kernels == Kernels::Differentiable {
-            // Rotated where the projection left them, (b, t, heads, d): no copy before.
+            // Rotated from where the projection left them, (b, t, heads, d), straight into the
+            // attention layout, q scaled and folded on the way: one node each.
             (
-                crate::ops::rope(&q, cos, sin)?.transpose(1, 2)?,
-                crate::ops::rope(&k, cos, sin)?
-                    .transpose(1, 2)?
-                    .contiguous()?,
+                crate::ops::rope_to_heads(&q, cos, sin, scale, nkv)?,
+                crate::ops::rope_to_heads(&k, cos, sin, 1.0, nkv)?,
             )
         } else {
             let fused = kernels == Kernels::Inference;
+            let q = self.rope(&q.transpose(1, 2)?, cos, sin, fused)?;
             (
-                self.rope(&q.transpose(1, 2)?, cos, sin, fused)?,
+                (q.contiguous()?.reshape((b, nkv, rep * t, hd))? * scale)?,
                 self.rope(&k.transpose(1, 2)?, cos, sin, fused)?
                     .contiguous()?,
             )
@@ -838,12 +858,6 @@ impl Model {
             }
             None => (k, v),
         };
-        let rep = nh / nkv;
-        // Grouped-query attention without copying keys: fold the query heads that share a
-        // key/value head into the sequence axis. Scaling q (not the scores) keeps one fewer
-        // (batch, heads, t, t) tensor alive for backward.
-        let scale = 1.0 / (hd as f64).sqrt();
-        let q = (q.contiguous()?.reshape((b, nkv, rep * t, hd))? * scale)?;
         // Scores stay folded, (b, kv_heads, rep·t, keys): the same memory as (b, heads, t,
         // keys), and each reshape would be one more graph node with its own gradient buffer.
         let scores = q.matmul(&k.t()?)?.to_dtype(self.score_dtype())?;

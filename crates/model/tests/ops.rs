@@ -173,6 +173,31 @@ fn rope_matches_rotate_half_and_finite_differences() {
 }
 
 #[test]
+fn rope_to_heads_matches_rotate_transpose_fold_scale_and_finite_differences() {
+    // 6 query heads over 2 key/value heads: the result folds 3 heads into each group's rows.
+    let (b, t, h, d, groups, scale) = (2, 4, 6, 6, 2, 0.37);
+    let angles = randn(&[b, t, d / 2], 15);
+    let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
+    for (groups, scale) in [(groups, scale), (h, 1.0)] {
+        check(
+            randn(&[b, t, h, d], 16),
+            |x| ops::rope_to_heads(x, &cos, &sin, scale, groups).unwrap(),
+            |x| {
+                let rotated = ops::rope(x, &cos, &sin).unwrap();
+                let heads = rotated.transpose(1, 2).unwrap().contiguous().unwrap();
+                (heads.reshape((b, groups, h / groups * t, d)).unwrap() * scale).unwrap()
+            },
+        );
+    }
+    let err = ops::rope_to_heads(&randn(&[b, t, h, d], 17), &cos, &sin, 1.0, 4).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("6 heads do not split into 4 groups"),
+        "{err}"
+    );
+}
+
+#[test]
 fn rope_agrees_with_candles_inference_kernel() {
     let (b, t, h, d) = (1, 5, 2, 8);
     let angles = randn(&[b, t, d / 2], 7).to_dtype(DType::F32).unwrap();
