@@ -188,8 +188,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
         DTypeArg::F32 => DType::F32,
         DTypeArg::Bf16 => DType::BF16,
     };
+    // A CUDA build runs on the GPU when one answers, as `eval` and `train` do.
+    let device = Device::cuda_if_available(0).context("choosing the device")?;
+    tracing::info!(
+        device = if device.is_cuda() { "cuda" } else { "cpu" },
+        "generating"
+    );
     let pb = spinner(&format!("loading {}", path.display()));
-    let loaded = model::load(&path, dtype, &Device::Cpu);
+    let loaded = model::load(&path, dtype, &device);
     pb.finish_and_clear();
     let model::LoadedModel {
         mut model,
