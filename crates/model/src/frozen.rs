@@ -256,10 +256,11 @@ mod tests {
     #[test]
     fn a_few_rows_on_the_cpu_match_the_plain_product() {
         let dev = Device::Cpu;
-        // 70 columns: one full task of 64 and a short one; 37 features: a 16-lane tail.
-        let w = Tensor::randn(0f32, 1.0, (70, 37), &dev).unwrap();
+        // 70 columns: one full task of 64 and a short one; 150 features: nine
+        // 16-wide chunks of partial sums and a tail.
+        let w = Tensor::randn(0f32, 1.0, (70, 150), &dev).unwrap();
         for rows in [1, 3, 4, 7, skinny::MAX_ROWS] {
-            let x = Tensor::randn(0f32, 1.0, (1, rows, 37), &dev).unwrap();
+            let x = Tensor::randn(0f32, 1.0, (1, rows, 150), &dev).unwrap();
             let ours = inference_matmul(&x, &w).unwrap();
             let plain = x.broadcast_matmul(&w.t().unwrap()).unwrap();
             assert_eq!(ours.dims(), &[1, rows, 70]);
@@ -269,11 +270,11 @@ mod tests {
                 diff(&ours, &plain)
             );
         }
-        // More rows than the path takes, and a row-strided input: the GEMM.
-        let x = Tensor::randn(0f32, 1.0, (skinny::MAX_ROWS + 1, 37), &dev).unwrap();
+        // More rows than the path takes go to the GEMM; a row-strided input is read as it is.
+        let x = Tensor::randn(0f32, 1.0, (skinny::MAX_ROWS + 1, 150), &dev).unwrap();
         assert!(skinny::product(&x, &w).unwrap().is_none());
-        let wide = Tensor::randn(0f32, 1.0, (4, 74), &dev).unwrap();
-        let strided = wide.narrow(1, 0, 37).unwrap();
+        let wide = Tensor::randn(0f32, 1.0, (4, 300), &dev).unwrap();
+        let strided = wide.narrow(1, 0, 150).unwrap();
         let ours = inference_matmul(&strided, &w).unwrap();
         let plain = strided
             .contiguous()
