@@ -282,23 +282,9 @@ fn main() {
                 .unwrap_or_else(|e| panic!("{e}"));
         let last = |m: &model::Model| {
             let mut cache = KvCache::new(m, 1);
-            m.feed(&mut cache, std::slice::from_ref(&prompt))
-                .unwrap()
-                .to_device(&Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
+            m.feed(&mut cache, std::slice::from_ref(&prompt)).unwrap()
         };
-        let (c, d) = (last(&cpu_m), last(&m));
-        let scale = c
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let diff = (c - d).unwrap().abs().unwrap().max_all().unwrap();
-        let rel = diff.to_scalar::<f32>().unwrap() / scale.max(1.0);
+        let rel = model::testing::max_relative_diff(&last(&cpu_m), &last(&m)).unwrap();
         eprintln!(
             "prefill logits, {} vs cpu: relative diff {rel:.2e}",
             args.device

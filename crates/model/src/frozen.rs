@@ -188,7 +188,7 @@ mod skinny {
         yt.par_chunks_mut(m * COLUMNS)
             .enumerate()
             .for_each(|(c, block)| {
-                let w = &w[c * COLUMNS * k..((c * COLUMNS + block.len() / m) * k).min(n * k)];
+                let w = &w[c * COLUMNS * k..(c * COLUMNS + block.len() / m) * k];
                 block_dispatch(x, w, block, m, k)
             });
         yt

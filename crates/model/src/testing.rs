@@ -253,11 +253,21 @@ pub fn missing_weights<T>(msg: &str) -> Option<T> {
 
 /// The largest absolute elementwise difference between two tensors of one shape, in f32.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-    Ok((a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
+    Ok(max_abs_diff_f64(a, b)? as f32)
+}
+
+/// `max |a − b| / max(1, max |a|)`, both brought to the CPU first: for comparing two devices,
+/// or two precisions, whose rounding differs in proportion to the values' size.
+pub fn max_relative_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    let cpu = candle_core::Device::Cpu;
+    let (a, b) = (a.to_device(&cpu)?, b.to_device(&cpu)?);
+    let scale = a
+        .to_dtype(DType::F64)?
         .abs()?
         .flatten_all()?
         .max(0)?
-        .to_scalar::<f32>()?)
+        .to_scalar::<f64>()?;
+    Ok((max_abs_diff_f64(&a, &b)? / scale.max(1.0)) as f32)
 }
 
 /// The largest `|a − b|`, computed in f64: for comparisons finer than f32 resolves (f64 models,

@@ -66,42 +66,15 @@ fn pair_of_models(arch: Arch, dtype: DType, device: &Device) -> Model {
 }
 
 fn batch(device: &Device) -> (Tensor, Tensor) {
-    let ids = ids(&[
+    let tokens = ids(&[
         &[0, 0, 1, 40, 77, 120, 5, 9, 31, 250],
         &[1, 33, 91, 12, 200, 7, 64, 3, 18, 2],
     ]);
-    let mask = ids_mask(&[&[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], &[1; 10]]);
+    let mask = ids(&[&[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], &[1; 10]]);
     (
-        ids.to_device(device).unwrap(),
+        tokens.to_device(device).unwrap(),
         mask.to_device(device).unwrap(),
     )
-}
-
-fn ids_mask(rows: &[&[u32]]) -> Tensor {
-    ids(rows)
-}
-
-/// max |a - b| / max(1, max |a|), both brought to the CPU in f32.
-fn relative_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap();
-    let b = b
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap();
-    let scale = a
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .max(1.0);
-    max_abs_diff(&a, &b) / scale
 }
 
 fn objective(m: &Model, ids: &Tensor, mask: &Tensor) -> Tensor {

@@ -25,6 +25,10 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     model::testing::max_abs_diff(a, b).unwrap()
 }
 
+pub fn relative_diff(a: &Tensor, b: &Tensor) -> f32 {
+    model::testing::max_relative_diff(a, b).unwrap()
+}
+
 pub fn ids(rows: &[&[u32]]) -> Tensor {
     let t = rows[0].len();
     let flat: Vec<u32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
