@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check: the model's CUDA tests against the CPU, the throughput bench against PyTorch on
-# the same GPU in the same run (f32 and bf16), and a short LoRA fit whose loss must fall. It
-# writes the files BENCHMARKS.md takes its figures from.
+# the same GPU in the same run (f32 and bf16), a short LoRA fit whose loss must fall, and
+# `pathfinder train` itself on the GPU (one step of rl/data-parallel-smoke.toml: live agents,
+# investigations and a PPO update of both adapters). It writes the files BENCHMARKS.md takes its
+# figures from.
 #
 #   bench/gpu-check.sh pack                       here: build the CUDA binaries, fill .gpu/ (ignored)
 #   bench/gpu-check.sh stage                      there: keep .gpu/weights/part-1 in /tmp
 #   bench/gpu-check.sh run OUT [cuda|cpu] [PHASE]   on the GPU machine (cuda), or here (cpu)
 #
-# PHASE is `all` (the default), `tests` (the CUDA tests alone: they need no weights) or `bench`
-# (the benchmarks and the fit). With the device tool the check takes two calls, because the
+# PHASE is `all` (the default), `tests` (the CUDA tests alone: they need no weights), `bench`
+# (the benchmarks and the fit) or `train` (`pathfinder train`, one step; needs python3 for the
+# agents). With the device tool the check takes two calls, because the
 # GGUF does not fit in one and a call keeps nothing the previous one carried into the tree:
 # the first carries .gpu/weights/part-1 and runs `stage`, which copies it out of the tree; the
 # second, at once (the machine stays warm for 30 s), carries .gpu/bin, .gpu/wheels,
@@ -17,6 +20,7 @@
 # `pack` needs ../shared/cuda/build-cuda.sh and the SmolLM2 GGUF in the model cache
 # (`pathfinder model fetch smollm2-135m`). It leaves in .gpu/:
 #   bin/cuda-tests.xz, bin/throughput.xz   crates/model/tests/cuda.rs and the throughput bench
+#   bin/pathfinder.xz                       the CLI built with --features cuda
 #   weights/part-1, weights/part-2          the GGUF, split: it is larger than one device call
 #                                           carries (64 MiB); part-1 is its first 58 MiB
 #   weights/SHA256                          its checksum, verified after joining the parts
@@ -87,6 +91,7 @@ pack() {
     export CARGO_TARGET_DIR=$root/target/cuda
     "$build" cargo bench -p model --features cuda --bench throughput --no-run
     "$build" cargo test --release -p model --features cuda --test cuda --no-run
+    "$build" cargo build --release -p pathfinder --features cuda
     rm -rf .gpu && mkdir -p .gpu/bin .gpu/weights .gpu/wheels
     # The newest of each binary cargo built (cargo names them with a hash).
     local bench tests
@@ -94,6 +99,7 @@ pack() {
     tests=$(ls -t target/cuda/release/deps/cuda-* | grep -v '\.d$' | head -n 1)
     strip -o .gpu/bin/throughput "$bench" && xz -T0 -6 .gpu/bin/throughput
     strip -o .gpu/bin/cuda-tests "$tests" && xz -T0 -6 .gpu/bin/cuda-tests
+    strip -o .gpu/bin/pathfinder target/cuda/release/pathfinder && xz -T0 -6 .gpu/bin/pathfinder
     # part-1 travels alone; part-2 with the binaries and the wheel.
     local first=$((58 << 20))
     head -c "$first" "$gguf" >.gpu/weights/part-1
@@ -121,7 +127,7 @@ cuda_library_path() {
 
 run() {
     local out=$1 device=${2:-cuda} phase=${3:-all} status=0
-    case $phase in all | tests | bench) ;; *) die "PHASE is all, tests or bench, not $phase" ;; esac
+    case $phase in all | tests | bench | train) ;; *) die "PHASE is all, tests, bench or train, not $phase" ;; esac
     mkdir -p "$out"
     out=$(cd "$out" && pwd)
     local log=$out/log
@@ -157,10 +163,12 @@ run() {
             mv "$gguf.partial" "$gguf"
         fi
         mkdir -p /tmp/gpu-check-bin
-        for b in throughput cuda-tests; do
+        for b in throughput cuda-tests pathfinder; do
+            [ -f ".gpu/bin/$b.xz" ] || continue
             python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
                 ".gpu/bin/$b.xz" "/tmp/gpu-check-bin/$b" && chmod +x "/tmp/gpu-check-bin/$b"
         done
+        cli=/tmp/gpu-check-bin/pathfinder
         bench=/tmp/gpu-check-bin/throughput
         tests=(/tmp/gpu-check-bin/cuda-tests --test-threads 1)
         common=(--device cuda --threads "$(nproc)" --repeats 5 --decode 64 --decode-batches 1,8,32
@@ -176,13 +184,15 @@ for l in sys.stdin:
         rm -f "$out/.bench-path"
         [ -x "$bench" ] || die "the throughput bench did not build"
         tests=(cargo test --release -p model --test lora --test ops)
+        cargo build --release -p pathfinder 2>&1 | tail -n 1
+        cli=target/release/pathfinder
         common=(--device cpu --threads "$(nproc)" --repeats 2 --prefill 128 --decode 8 --decode-batches 1,4
             --batch 2 --seq 64 --micro-batch 2 --fit-steps 6)
     fi
-    [ "$phase" != bench ] && step "model tests ($device against the CPU)" "${tests[@]}"
+    case $phase in all | tests) step "model tests ($device against the CPU)" "${tests[@]}" ;; esac
     local dtypes=(f32)
     [ "$device" = cuda ] && dtypes=(f32 bf16)
-    [ "$phase" = tests ] && dtypes=()
+    case $phase in tests | train) dtypes=() ;; esac
     for dt in ${dtypes[@]+"${dtypes[@]}"}; do
         local gpu=()
         [ "$device" = cuda ] && gpu=(with_gpu_peak "$out/.peak")
@@ -198,6 +208,19 @@ for l in sys.stdin:
         [ "$device" = cuda ] && add_peak "$out/torch-$dt.json" "$(cat "$out/.peak")"
     done
     rm -f "$out/.peak"
+    if [ "$phase" = all ] || [ "$phase" = train ]; then
+        # One step of self-play on this device: the agents run on the CPU, the model where
+        # the build puts it (the log's first lines say which).
+        rm -rf "$out/runs"
+        local gpu=()
+        [ "$device" = cuda ] && gpu=(with_gpu_peak "$out/.peak")
+        step "pathfinder train (1 step)" ${gpu[@]+"${gpu[@]}"} env PATHFINDER_LOG=info "$cli" train --root . \
+            --config rl/data-parallel-smoke.toml --runs-dir "$out/runs" --run check --max-steps 1
+        [ -f "$out/.peak" ] && echo "train: GPU memory peak $(cat "$out/.peak") MiB" | tee -a "$log"
+        rm -f "$out/.peak"
+        cp "$out/runs/check/metrics.jsonl" "$out/train-metrics.jsonl" 2>/dev/null
+        rm -rf "$out/runs"
+    fi
     {
         echo "# GPU check ($device), $(date -u +%Y-%m-%dT%H:%MZ)"
         echo
@@ -207,10 +230,19 @@ for l in sys.stdin:
             python3 bench/table.py "$out/rust-$dt.json" "$out/torch-$dt.json" || echo "(no table: a side failed)"
             echo
         done
-        echo "## model tests"
-        echo
-        grep -E '^test |test result' "$log" | sed 's/^/    /'
-        echo
+        if grep -qE '^test |test result' "$log"; then
+            echo "## model tests"
+            echo
+            grep -E '^test |test result' "$log" | sed 's/^/    /'
+            echo
+        fi
+        if [ -f "$out/train-metrics.jsonl" ]; then
+            echo "## pathfinder train"
+            echo
+            grep -E 'GPU memory peak|pathfinder train \(1 step\): exit' "$log" | sed 's/^/    /'
+            sed 's/^/    /' "$out/train-metrics.jsonl"
+            echo
+        fi
         echo "exit status of the first failing step: $status"
     } >"$out/summary.md"
     cat "$out/summary.md"
@@ -220,6 +252,6 @@ for l in sys.stdin:
 case ${1:-} in
     pack) pack ;;
     stage) stage ;;
-    run) [ $# -ge 2 ] || die "usage: bench/gpu-check.sh run OUT [cuda|cpu] [all|tests|bench]"; run "$2" "${3:-cuda}" "${4:-all}" ;;
-    *) die "usage: bench/gpu-check.sh pack | stage | run OUT [cuda|cpu] [all|tests|bench]" ;;
+    run) [ $# -ge 2 ] || die "usage: bench/gpu-check.sh run OUT [cuda|cpu] [all|tests|bench|train]"; run "$2" "${3:-cuda}" "${4:-all}" ;;
+    *) die "usage: bench/gpu-check.sh pack | stage | run OUT [cuda|cpu] [all|tests|bench|train]" ;;
 esac

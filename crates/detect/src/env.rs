@@ -193,7 +193,7 @@ impl Investigation {
         };
         // An ablation is asked for; only a sandbox that cannot start deserves a warning.
         if let (Err(reason), false) = (&sandbox, config.ablations.no_shell) {
-            tracing::warn!("bash tool unavailable: {reason}");
+            warn_once(reason);
         }
         let history_shared = shared_history.is_some();
         Ok(Investigation {
@@ -432,4 +432,17 @@ pub fn cap(mut obs: Observation, limit: usize, role: Role) -> Observation {
     obs.text = format!("{kept}\n[output cut: showed {shown} of {of} characters; {hint}]");
     obs.cut_from = Some(if pipeline_cut { shown } else { total });
     obs
+}
+
+/// Warns that the bash tool is unavailable, once per process and reason: every investigation
+/// opens its own sandbox, and a missing bubblewrap would otherwise be said for each of them.
+fn warn_once(reason: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if !said.iter().any(|r| r == reason) {
+        said.push(reason.to_owned());
+        tracing::warn!(
+            "bash tool unavailable: {reason} (said once; every investigation runs without it)"
+        );
+    }
 }

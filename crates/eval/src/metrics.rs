@@ -6,12 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{self, Bootstrap, Estimate};
 
 /// Where the fault really is (from the store's `labels` table).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Truth {
     pub deficiency_id: String,
     pub component: Option<String>,
@@ -19,15 +19,15 @@ pub struct Truth {
     pub function: Option<String>,
     /// The agent step where the failure first shows (a corpus label: where the injected run
     /// first departs from the clean run).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<i64>,
     /// The agent that step belongs to (the agent to blame in a multi-agent run).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
 }
 
 /// What a detector answered.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prediction {
     pub deficiency_id: String,
     pub component: String,
@@ -35,21 +35,21 @@ pub struct Prediction {
     pub file: Option<String>,
     pub function: Option<String>,
     /// The step the answer points at (`answer: ID COMPONENT @step N | …`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<i64>,
     /// The agent of the answered step's spans (filled by the evaluation from the trace).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
 }
 
 /// One evaluated trace.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Case {
     pub trace_id: String,
     pub truth: Truth,
     /// The agent (framework) that produced the trace, when its label says (the corpus
     /// generator records it in the label's source).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
     /// `None` when the episode ended without a verdict.
     pub predicted: Option<Prediction>,

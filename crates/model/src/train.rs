@@ -276,6 +276,44 @@ impl Gradients {
         Ok(norm)
     }
 
+    /// Replaces every gradient by `reduce` of it, for data-parallel training: the gradients are
+    /// laid out flat in parameter order (a parameter without one as zeros), followed by one
+    /// presence flag per parameter, and `reduce` must sum that buffer over the ranks in place.
+    /// Afterwards a parameter has a gradient when any rank gave it one. The buffer's layout
+    /// depends only on the parameter list, so every rank's has the same length.
+    pub fn reduce_flat(&mut self, reduce: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+        let sizes: Vec<usize> = self
+            .vars
+            .iter()
+            .map(|v| v.as_tensor().elem_count())
+            .collect();
+        let total: usize = sizes.iter().sum();
+        let mut flat = Vec::with_capacity(total + sizes.len());
+        for (sum, &n) in self.sums.iter().zip(&sizes) {
+            match sum {
+                Some(g) => flat.extend(g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+                None => flat.resize(flat.len() + n, 0.0),
+            }
+        }
+        flat.extend(self.sums.iter().map(|s| f32::from(u8::from(s.is_some()))));
+        reduce(&mut flat)?;
+        let mut at = 0;
+        for (i, &n) in sizes.iter().enumerate() {
+            let present = flat[total + i] > 0.0;
+            let var = self.vars[i].as_tensor();
+            self.sums[i] = if present {
+                Some(
+                    Tensor::from_slice(&flat[at..at + n], var.shape(), var.device())?
+                        .to_dtype(var.dtype())?,
+                )
+            } else {
+                None
+            };
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Clears the sums for the next optimizer step.
     pub fn reset(&mut self) {
         self.sums.iter_mut().for_each(|s| *s = None);
@@ -460,6 +498,33 @@ mod tests {
         let targets = Tensor::new(&[[2u32]], &Device::Cpu).unwrap();
         let g = gather_logprobs(&logits, &targets).unwrap();
         assert_eq!(g.dims(), &[1, 1]);
+    }
+
+    #[test]
+    fn a_flat_reduction_sums_gradients_and_keeps_any_ranks_parameters() {
+        let a = Var::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
+        let b = Var::new(&[5f32], &Device::Cpu).unwrap();
+        // This rank's loss touches `a` only; the other rank's (simulated) touched `b` only.
+        let mut grads = Gradients::new(vec![a.clone(), b.clone()]);
+        grads
+            .accumulate(&(a.as_tensor() * 2.0).unwrap().sum_all().unwrap())
+            .unwrap();
+        let other = [0f32, 0.0, 0.0, 0.0, 7.0, 0.0, 1.0];
+        grads
+            .reduce_flat(|flat| {
+                assert_eq!(flat, &[2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 0.0]);
+                flat.iter_mut().zip(other).for_each(|(x, o)| *x += o);
+                Ok(())
+            })
+            .unwrap();
+        let ga = grads.get(0).unwrap();
+        assert_eq!(ga.dims(), &[2, 2]);
+        assert_eq!(
+            ga.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            [2.0; 4]
+        );
+        assert_eq!(grads.get(1).unwrap().to_vec1::<f32>().unwrap(), [7.0]);
+        assert!(grads.missing().is_empty());
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! SIGKILL in the middle of a step and resumed ends with the same adapters as an uninterrupted
 //! run; a bad configuration is refused naming the file and the field.
 
+#[path = "support/checkpoint.rs"]
+mod checkpoint;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,20 +59,6 @@ fn train(config: &Path, runs: &Path, name: &str, extra: &[&str]) -> std::process
         .unwrap()
 }
 
-fn lora_tensors(path: &Path) -> Vec<(String, Vec<f64>)> {
-    let mut t: Vec<(String, Vec<f64>)> =
-        candle_core::safetensors::load(path, &candle_core::Device::Cpu)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-            .into_iter()
-            .map(|(k, v)| {
-                let v = v.to_dtype(candle_core::DType::F64).unwrap();
-                (k, v.flatten_all().unwrap().to_vec1::<f64>().unwrap())
-            })
-            .collect();
-    t.sort_by(|a, b| a.0.cmp(&b.0));
-    t
-}
-
 #[test]
 fn a_killed_run_resumes_to_the_same_adapters_as_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -118,15 +107,9 @@ fn a_killed_run_resumes_to_the_same_adapters_as_an_uninterrupted_one() {
         "{}",
         String::from_utf8_lossy(&resumed.stderr)
     );
-    for f in [
-        "detector/adapter_model.safetensors",
-        "detector/value_head.safetensors",
-        "injector/adapter_model.safetensors",
-        "optimizer-detector.safetensors",
-        "optimizer-injector.safetensors",
-    ] {
-        let a = lora_tensors(&runs.join("whole/step-3").join(f));
-        let b = lora_tensors(&runs.join("killed/step-3").join(f));
+    for f in checkpoint::TRAINED_FILES {
+        let a = checkpoint::tensors(&runs.join("whole/step-3").join(f));
+        let b = checkpoint::tensors(&runs.join("killed/step-3").join(f));
         assert_eq!(a, b, "{f} differs after kill and resume");
     }
     let steps = |run: &str| {

@@ -215,7 +215,8 @@ impl FeatureReader {
         let x = self.compute(pm, &tokens)?;
         if let Some(path) = &cached {
             let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let tmp = path.with_extension("partial");
+            // A name of this process's own: the ranks of a data-parallel job share the cache.
+            let tmp = path.with_extension(format!("partial-{}", std::process::id()));
             std::fs::write(&tmp, bytes)
                 .and_then(|_| std::fs::rename(&tmp, path))
                 .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;

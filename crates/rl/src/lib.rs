@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod ppo;
 pub mod report;
 pub mod reward;
+pub mod testing;
 pub mod trainer;
 
 use std::path::{Path, PathBuf};

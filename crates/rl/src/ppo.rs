@@ -27,7 +27,8 @@ use policy::Conversation;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Baseline, PpoConfig};
-use crate::Result;
+use crate::{Result, RlError};
+use collective::Collective;
 
 /// Which role an episode trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -235,17 +236,46 @@ fn k3_sum(policy: &[f32], reference: &[f32]) -> f64 {
 }
 
 /// Normalises to zero mean and unit variance (across the batch).
-fn whiten(all: &mut [Vec<f32>]) {
-    let flat: Vec<f64> = all.iter().flatten().map(|&x| x as f64).collect();
-    if flat.len() < 2 {
-        return;
+fn whiten(all: &mut [Vec<f32>], ranks: &dyn Collective) -> Result<()> {
+    // Two passes, each summed over the ranks: the mean, then the spread about it.
+    let mut sums = [
+        all.iter().flatten().map(|&x| x as f64).sum::<f64>(),
+        all.iter().map(|v| v.len() as f64).sum::<f64>(),
+    ];
+    ranks.sum_f64(&mut sums).map_err(collective_err)?;
+    let [sum, n] = sums;
+    if n < 2.0 {
+        return Ok(());
     }
-    let mean = flat.iter().sum::<f64>() / flat.len() as f64;
-    let var = flat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / flat.len() as f64;
-    let std = var.sqrt().max(1e-8);
+    let mean = sum / n;
+    let mut sq = [all
+        .iter()
+        .flatten()
+        .map(|&x| (x as f64 - mean).powi(2))
+        .sum::<f64>()];
+    ranks.sum_f64(&mut sq).map_err(collective_err)?;
+    let std = (sq[0] / n).sqrt().max(1e-8);
     for v in all.iter_mut().flatten() {
         *v = ((*v as f64 - mean) / std) as f32;
     }
+    Ok(())
+}
+
+fn collective_err(e: collective::CollectiveError) -> RlError {
+    RlError::Environment(e.to_string())
+}
+
+/// Sums the gradients over the ranks (data-parallel training; the identity for one process).
+fn reduce(grads: &mut Gradients, ranks: &dyn Collective) -> Result<()> {
+    if ranks.world() == 1 {
+        return Ok(());
+    }
+    grads.reduce_flat(|flat| {
+        ranks
+            .sum_f32(flat)
+            .map_err(|e| model::ModelError::InvalidArgument(e.to_string()))
+    })?;
+    Ok(())
 }
 
 /// One PPO update of `adapter` on `samples` (all trained with that adapter).
@@ -256,17 +286,27 @@ pub fn update(
     samples: &[Sample],
     cfg: &PpoConfig,
     entropy_coef: f64,
+    ranks: &dyn Collective,
 ) -> Result<PpoStats> {
     if samples.is_empty() {
         return Ok(PpoStats::default());
     }
     model.set_training(false);
     let use_critic = cfg.baseline == Baseline::Gae;
+    // Every rank holds the whole batch and scores its own share of it (`ranks.owns`); the
+    // batch-wide quantities (token count, KL, whitening, losses) and the gradients are summed
+    // over the ranks, so each rank takes the step one process would take on the whole batch.
+    let mine: Vec<&Sample> = samples
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ranks.owns(*i))
+        .map(|(_, s)| s)
+        .collect();
 
     // 1. Fixed quantities: old and reference log-probabilities, values, advantages.
-    let mut prepared = Vec::with_capacity(samples.len());
+    let mut prepared = Vec::with_capacity(mine.len());
     let mut kl_sum = 0f64;
-    for s in samples {
+    for s in &mine {
         let old = score(model, Some(adapter), &s.conversation, use_critic, false)?;
         let reference = score(model, None, &s.conversation, false, false)?;
         let old_lp = to_vec(&old.logprobs)?;
@@ -291,20 +331,28 @@ pub fn update(
             reference: ref_lp,
         });
     }
+    let group = group_advantages(samples);
     if use_critic {
         let mut adv: Vec<Vec<f32>> = prepared.iter().map(|p| p.advantages.clone()).collect();
-        whiten(&mut adv);
+        whiten(&mut adv, ranks)?;
         for (p, a) in prepared.iter_mut().zip(adv) {
             p.advantages = a;
         }
     } else {
         // Group-relative: every token of an episode gets its episode's reward centred within
         // its group and scaled by the batch's spread.
-        for (p, a) in prepared.iter_mut().zip(group_advantages(samples)) {
-            p.advantages.iter_mut().for_each(|x| *x = a);
+        let mine_group = group.iter().enumerate().filter(|(i, _)| ranks.owns(*i));
+        for (p, (_, a)) in prepared.iter_mut().zip(mine_group) {
+            p.advantages.iter_mut().for_each(|x| *x = *a);
         }
     }
-    let total_tokens: usize = prepared.iter().map(|p| p.old.len()).sum();
+    let mut batch = [
+        prepared.iter().map(|p| p.old.len()).sum::<usize>() as f64,
+        kl_sum,
+    ];
+    ranks.sum_f64(&mut batch).map_err(collective_err)?;
+    let [total_tokens, kl_sum] = batch;
+    let total_tokens = total_tokens as usize;
     let device = model.device().clone();
     let vars = model.trainable_vars(adapter)?;
     let mut stats = PpoStats {
@@ -317,11 +365,7 @@ pub fn update(
 
     // A batch without advantage teaches nothing: with the group baseline the KL term alone
     // would pull the policy back towards the reference, so no step is taken at all.
-    if !use_critic
-        && prepared
-            .iter()
-            .all(|p| p.advantages.iter().all(|a| *a == 0.0))
-    {
+    if !use_critic && group.iter().all(|a| *a == 0.0) {
         return Ok(stats);
     }
 
@@ -329,7 +373,7 @@ pub fn update(
     for _ in 0..cfg.epochs {
         let mut grads = Gradients::new(vars.clone());
         let (mut pg_sum, mut vf_sum, mut ent_sum, mut clipped) = (0f64, 0f64, 0f64, 0usize);
-        for (s, p) in samples.iter().zip(&prepared) {
+        for (s, p) in mine.iter().zip(&prepared) {
             let new = score(
                 model,
                 Some(adapter),
@@ -376,13 +420,17 @@ pub fn update(
             }
             grads.accumulate(&(loss / total_tokens as f64)?)?;
         }
+        reduce(&mut grads, ranks)?;
+        let mut sums = [pg_sum, vf_sum, ent_sum, clipped as f64];
+        ranks.sum_f64(&mut sums).map_err(collective_err)?;
+        let [pg_sum, vf_sum, ent_sum, clipped] = sums;
         stats.grad_norm = grads.clip_global_norm(cfg.max_grad_norm)?;
         optimizer.step(&grads)?;
         let nt = total_tokens as f64;
         stats.policy_loss = pg_sum / nt;
         stats.value_loss = vf_sum / nt;
         stats.entropy = ent_sum / nt;
-        stats.clip_fraction = clipped as f64 / nt;
+        stats.clip_fraction = clipped / nt;
     }
     Ok(stats)
 }
@@ -396,6 +444,17 @@ pub struct SftStats {
     /// demonstrations' tokens: how far the warm start has moved the policy so far. `None` when
     /// not measured (it costs a forward pass of every demonstration with the adapter off).
     pub kl: Option<f64>,
+}
+
+/// How one warm-start update runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SftStep {
+    /// The gradients' global norm is clipped to this.
+    pub max_grad_norm: f64,
+    /// The weight of a token the grammar left a choice of several (see [`sft_step`]).
+    pub decision_weight: f64,
+    /// Measure the KL to the base model before the step (a forward pass with the adapter off).
+    pub measure_kl: bool,
 }
 
 /// Supervised warm start: one AdamW step of the weighted negative log-likelihood of the
@@ -413,10 +472,14 @@ pub fn sft_step(
     adapter: &str,
     optimizer: &mut AdamW,
     batch: &[Conversation],
-    max_grad_norm: f64,
-    decision_weight: f64,
-    measure_kl: bool,
+    how: SftStep,
+    ranks: &dyn Collective,
 ) -> Result<SftStats> {
+    let SftStep {
+        max_grad_norm,
+        decision_weight,
+        measure_kl,
+    } = how;
     let vars = model.trainable_vars(adapter)?;
     let mut grads = Gradients::new(vars);
     let weights: Vec<Vec<f32>> = batch
@@ -429,7 +492,14 @@ pub fn sft_step(
         nll: 0.0,
         kl: measure_kl.then_some(0.0),
     };
-    for (c, w) in batch.iter().zip(&weights) {
+    // Each rank back-propagates its share of the batch; the sums and gradients are summed.
+    let mine = batch
+        .iter()
+        .zip(&weights)
+        .enumerate()
+        .filter(|(i, _)| ranks.owns(*i))
+        .map(|(_, cw)| cw);
+    for (c, w) in mine {
         let reference = if measure_kl {
             model.set_training(false);
             Some(to_vec(&score(model, None, c, false, false)?.logprobs)?)
@@ -448,6 +518,11 @@ pub fn sft_step(
         let loss = ((&s.logprobs * &w)?.sum_all()?.neg()? / total_weight)?;
         grads.accumulate(&loss)?;
     }
+    reduce(&mut grads, ranks)?;
+    let mut sums = [stats.nll, stats.kl.unwrap_or(0.0)];
+    ranks.sum_f64(&mut sums).map_err(collective_err)?;
+    stats.nll = sums[0];
+    stats.kl = stats.kl.map(|_| sums[1]);
     grads.clip_global_norm(max_grad_norm)?;
     optimizer.step(&grads)?;
     model.set_training(false);
@@ -537,7 +612,7 @@ mod tests {
     #[test]
     fn whitening_centres_and_scales() {
         let mut v = vec![vec![1.0, 2.0], vec![3.0]];
-        whiten(&mut v);
+        whiten(&mut v, &collective::Single).unwrap();
         let flat: Vec<f32> = v.into_iter().flatten().collect();
         let mean: f32 = flat.iter().sum::<f32>() / 3.0;
         assert!(mean.abs() < 1e-6);

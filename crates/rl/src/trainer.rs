@@ -24,6 +24,9 @@ use policy::{
     ActionGrammar, Conversation, DetectorOptions, LearnedDetector, PolicyModel, SharedModel,
 };
 
+use collective::Collective;
+use serde::{Deserialize, Serialize};
+
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
 use crate::config::{Decision, InjectorFocus, InjectorMode, RunConfig, Topology};
 use crate::environment::{self, CorpusPrior, Environment};
@@ -47,8 +50,13 @@ pub struct TrainOptions {
     pub sft_only: bool,
     /// Stop after this many PPO steps in this invocation (the run stays resumable).
     pub max_steps: Option<u64>,
-    /// Show progress bars.
+    /// Show progress bars (rank 0 only).
     pub progress: bool,
+    /// This process's place in a data-parallel job ([`collective::Single`] for one process):
+    /// each rank runs its share of a step's episodes and investigations, the results and
+    /// gradients are gathered and summed, and every rank takes the same update; rank 0 alone
+    /// writes the run's files.
+    pub ranks: Arc<dyn Collective>,
 }
 
 /// What a finished invocation reports.
@@ -60,8 +68,12 @@ pub struct TrainOutcome {
     pub after: Option<Accuracy>,
 }
 
-/// One step's injection and what became of it.
+/// One step's injection and what became of it. Each rank fills its own share of a step's
+/// episodes; they travel between ranks as JSON.
+#[derive(Serialize, Deserialize)]
 struct Episode {
+    /// Its place in the step (`0..injections_per_step`), the same whatever the world size.
+    index: usize,
     agent: String,
     deficiency: String,
     injector: Conversation,
@@ -166,7 +178,8 @@ impl Trainer {
             "bf16" => DType::BF16,
             _ => DType::F32,
         };
-        let device = Device::cuda_if_available(0)?;
+        // A rank takes its node's GPU by its local rank (GPU 0 for one process).
+        let device = Device::cuda_if_available(collective::local_rank())?;
         let pm = PolicyModel::load(&config.model_path()?, dtype, &device)?;
         Trainer::with_model(config, config_text, options, pm)
     }
@@ -200,9 +213,14 @@ impl Trainer {
                 reason: "this run already has checkpoints; pass --resume to continue it or choose another --run".into(),
             });
         }
+        // Every rank has read what it checks before rank 0 writes.
+        options.ranks.barrier().map_err(collective_err)?;
+        let leader = options.ranks.is_leader();
         std::fs::create_dir_all(&options.run_dir).map_err(|e| RlError::io(&options.run_dir, e))?;
-        std::fs::write(&run_config, config_text).map_err(|e| RlError::io(&run_config, e))?;
-        if latest.is_none() {
+        if leader {
+            std::fs::write(&run_config, config_text).map_err(|e| RlError::io(&run_config, e))?;
+        }
+        if latest.is_none() && leader {
             // Lines of an attempt that died before its first checkpoint are redone.
             for file in metrics::RUN_LOGS {
                 let p = options.run_dir.join(file);
@@ -254,8 +272,10 @@ impl Trainer {
                     heads = head::load(dir, detector)?;
                 }
                 state = checkpoint::read_state(dir)?;
-                for file in metrics::RUN_LOGS {
-                    metrics::truncate_after(&options.run_dir.join(file), *step)?;
+                if options.ranks.is_leader() {
+                    for file in metrics::RUN_LOGS {
+                        metrics::truncate_after(&options.run_dir.join(file), *step)?;
+                    }
                 }
                 tracing::info!(step, "resuming from {}", dir.display());
             }
@@ -306,7 +326,7 @@ impl Trainer {
     }
 
     fn bar(&self, len: u64, template: &str) -> ProgressBar {
-        if !self.options.progress {
+        if !self.options.progress || !self.leader() {
             return ProgressBar::hidden();
         }
         ProgressBar::new(len).with_style(
@@ -314,8 +334,65 @@ impl Trainer {
         )
     }
 
+    /// Whether this process writes the run's files (rank 0 of a data-parallel job).
+    fn leader(&self) -> bool {
+        self.options.ranks.is_leader()
+    }
+
+    fn ranks(&self) -> &dyn Collective {
+        self.options.ranks.as_ref()
+    }
+
+    /// A scratch file of this rank in the run directory: `name` for rank 0, `name` with the
+    /// rank before its extension for the others (ranks never share a store being written).
+    fn rank_file(&self, name: &str) -> PathBuf {
+        let rank = self.ranks().rank();
+        let dir = &self.options.run_dir;
+        if rank == 0 {
+            return dir.join(name);
+        }
+        match name.rsplit_once('.') {
+            Some((stem, ext)) => dir.join(format!("{stem}.rank{rank}.{ext}")),
+            None => dir.join(format!("{name}.rank{rank}")),
+        }
+    }
+
+    /// Where this rank's live episodes run and their stores are written.
+    fn live_dir(&self) -> PathBuf {
+        let live = self.options.run_dir.join("live");
+        match self.ranks().rank() {
+            0 => live,
+            r => live.join(format!("rank-{r}")),
+        }
+    }
+
+    /// Appends metric lines to a run log (rank 0 only).
+    fn log_metrics<T: serde::Serialize>(&self, file: &str, lines: &[T]) -> Result<()> {
+        if self.leader() {
+            metrics::append_all(&self.options.run_dir.join(file), lines)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint (rank 0), after checking that every rank holds the same weights:
+    /// a fingerprint of each rank's adapters, optimizer moments, heads and state is gathered,
+    /// and ranks that differ stop the run rather than train on diverged copies.
     fn save(&self) -> Result<PathBuf> {
         let pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let fingerprint = self.fingerprint(&pm.model)?;
+        let all = collective::gather_json(self.ranks(), &fingerprint).map_err(collective_err)?;
+        if let Some(r) = all.iter().position(|f| *f != fingerprint) {
+            return Err(RlError::Environment(format!(
+                "data-parallel ranks diverged at step {}: rank {r}'s weights differ from rank {}'s (fingerprints {} and {fingerprint})",
+                self.state.step,
+                self.ranks().rank(),
+                all[r]
+            )));
+        }
+        let dir = checkpoint::step_dir(&self.options.run_dir, self.state.step);
+        if !self.leader() {
+            return Ok(dir);
+        }
         let adapters: Vec<(&str, &AdamW)> = self
             .optimizers
             .iter()
@@ -325,14 +402,58 @@ impl Trainer {
             .heads
             .as_ref()
             .map(|(h, r)| (self.adapter(Role::Detector), h, r));
-        checkpoint::save(
+        let dir = checkpoint::save(
             &self.options.run_dir,
             &pm.model,
             &adapters,
             heads,
             &self.state,
             &self.config_text,
-        )
+        )?;
+        if self.ranks().world() > 1 {
+            tracing::info!(
+                step = self.state.step,
+                world = self.ranks().world(),
+                fingerprint,
+                "checkpoint: every rank holds the same weights"
+            );
+        }
+        Ok(dir)
+    }
+
+    /// FNV-1a over the bits of everything a rank's update changes: the adapters' trainable
+    /// parameters, the optimizers' moments, the decision heads and the trainer's state.
+    fn fingerprint(&self, model: &model::Model) -> Result<String> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        let tensor_bits = |t: &model::Tensor| -> Result<Vec<u8>> {
+            let v = t
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(model::ModelError::from)?;
+            Ok(v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
+        };
+        for (name, opt) in &self.optimizers {
+            for var in model.trainable_vars(name)? {
+                eat(&tensor_bits(var.as_tensor())?);
+            }
+            let st = opt.state();
+            for t in st.m.iter().chain(&st.v) {
+                eat(&tensor_bits(t)?);
+            }
+        }
+        if let Some((h1, h2)) = &self.heads {
+            for head in [h1, h2] {
+                eat(&serde_json::to_vec(head).map_err(|e| RlError::Sample(e.to_string()))?);
+            }
+        }
+        eat(&serde_json::to_vec(&self.state).map_err(|e| RlError::Sample(e.to_string()))?);
+        Ok(format!("{h:016x}"))
     }
 
     fn detector_options(&self, seed: u64) -> DetectorOptions {
@@ -355,11 +476,15 @@ impl Trainer {
             &self.config.eval.split,
             self.config.eval.max_traces,
         )?;
-        evaluate::rekey(&split, &self.options.run_dir.join("held-out.sqlite")).map(Some)
+        evaluate::rekey(&split, &self.rank_file("held-out.sqlite")).map(Some)
     }
 
     /// Evaluates the Detector on the held-out split and appends the result to `eval.jsonl`.
+    /// Each rank evaluates its share of the traces; the cases are gathered in the split's order.
     fn evaluate(&self, split: &SplitTraces, label: &str) -> Result<Accuracy> {
+        let whole = split;
+        let mine = self.share(whole);
+        let split = &mine;
         let bar = self.bar(
             split.traces.len() as u64,
             "eval  {bar:30} {pos}/{len} {msg}",
@@ -374,7 +499,7 @@ impl Trainer {
             bar.inc(1);
             bar.set_message(format!("{right} right"));
         };
-        let acc = match &self.heads {
+        match &self.heads {
             Some((h, _)) => evaluate::evaluate_head(
                 &self.shared,
                 &Arc::new(h.clone()),
@@ -394,6 +519,11 @@ impl Trainer {
             )?,
         };
         bar.finish_and_clear();
+        let cases = self.gather_in_order(cases, whole, |c| &c.trace_id)?;
+        let acc = evaluate::accuracy(&cases);
+        if !self.leader() {
+            return Ok(acc);
+        }
         let cases: Vec<EvalCase> = cases
             .into_iter()
             .map(|case| EvalCase {
@@ -417,6 +547,49 @@ impl Trainer {
             },
         )?;
         Ok(acc)
+    }
+
+    /// This rank's share of a split's traces (all of them for one process).
+    fn share(&self, split: &SplitTraces) -> SplitTraces {
+        SplitTraces {
+            db: split.db.clone(),
+            traces: split
+                .traces
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| self.ranks().owns(*i))
+                .map(|(_, t)| t.clone())
+                .collect(),
+        }
+    }
+
+    /// Every rank's `items` (one per trace of its [`Trainer::share`] of `split`), in the order
+    /// of `split`'s traces.
+    fn gather_in_order<T>(
+        &self,
+        items: Vec<T>,
+        split: &SplitTraces,
+        trace_id: impl Fn(&T) -> &str,
+    ) -> Result<Vec<T>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        if self.ranks().world() == 1 {
+            return Ok(items);
+        }
+        let order: BTreeMap<&str, usize> = split
+            .traces
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.trace_id.as_str(), i))
+            .collect();
+        let mut all: Vec<T> = collective::gather_json(self.ranks(), &items)
+            .map_err(collective_err)?
+            .into_iter()
+            .flatten()
+            .collect();
+        all.sort_by_key(|t| order.get(trace_id(t)).copied().unwrap_or(usize::MAX));
+        Ok(all)
     }
 
     /// Where the decision head's features are kept, beside the runs (`RUNS_DIR/.feature-cache`):
@@ -448,11 +621,29 @@ impl Trainer {
             &format!("read  {{bar:30}} {{pos}}/{{len}} {what} traces"),
         );
         let reader = self.head_reader()?;
-        let x = head::features(&reader, &self.shared, &batteries, |i| {
-            bar.set_position(i as u64)
-        })?;
+        // Each rank reads its share of the traces; the features are gathered in order.
+        let mine: Vec<_> = batteries
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.ranks().owns(*i))
+            .map(|(_, b)| b.clone())
+            .collect();
+        let x = head::features(&reader, &self.shared, &mine, |i| bar.set_position(i as u64))?;
         bar.finish_and_clear();
-        Ok(x)
+        if self.ranks().world() == 1 {
+            return Ok(x);
+        }
+        let per_rank = collective::gather_json(self.ranks(), &x).map_err(collective_err)?;
+        let world = self.ranks().world();
+        let mut all = Vec::with_capacity(batteries.len());
+        for i in 0..batteries.len() {
+            let (r, k) = (i % world, i / world);
+            let row = per_rank.get(r).and_then(|v| v.get(k)).ok_or_else(|| {
+                RlError::Environment(format!("rank {r} returned no features for trace {i}"))
+            })?;
+            all.push(row.clone());
+        }
+        Ok(all)
     }
 
     /// The train split with its features, for the head's fit and PPO's replay.
@@ -525,7 +716,7 @@ impl Trainer {
                 "decision head fitted"
             );
         }
-        metrics::append_all(&self.options.run_dir.join("metrics.jsonl"), &lines)?;
+        self.log_metrics("metrics.jsonl", &lines)?;
         self.replay = train.traces.into_iter().zip(train_x).collect();
         if self.config.head.none_target > 0.0 {
             let point = self.operating_point()?;
@@ -554,6 +745,9 @@ impl Trainer {
     /// Writes `value` as `name` in the run directory: a record of a choice the run made (not a
     /// checkpoint; the choice is made again on a resume).
     fn write_record(&self, name: &str, value: &impl serde::Serialize) -> Result<()> {
+        if !self.leader() {
+            return Ok(());
+        }
         let path = self.options.run_dir.join(name);
         let json = serde_json::to_string_pretty(value)
             .map_err(|e| RlError::Sample(format!("{name}: {e}")))?;
@@ -595,7 +789,7 @@ impl Trainer {
         }
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let split = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
-        let split = evaluate::rekey(&split, &self.options.run_dir.join("demonstrations.sqlite"))?;
+        let split = evaluate::rekey(&split, &self.rank_file("demonstrations.sqlite"))?;
         let bar = self.bar(
             split.traces.len() as u64,
             "expert {bar:30} {pos}/{len} demonstrations",
@@ -648,18 +842,21 @@ impl Trainer {
                         adapter,
                         &mut opt,
                         chunk,
-                        1.0,
-                        self.config.sft.decision_weight,
-                        update % SFT_KL_EVERY == 0 || update + 1 == updates,
+                        ppo::SftStep {
+                            max_grad_norm: 1.0,
+                            decision_weight: self.config.sft.decision_weight,
+                            measure_kl: update % SFT_KL_EVERY == 0 || update + 1 == updates,
+                        },
+                        self.options.ranks.as_ref(),
                     )?
                 };
                 let loss = sft.nll;
                 update += 1;
                 let tokens: usize = chunk.iter().map(Conversation::len).sum();
                 let secs = started.elapsed().as_secs_f64();
-                metrics::append(
-                    &self.options.run_dir.join("metrics.jsonl"),
-                    &StepMetrics {
+                self.log_metrics(
+                    "metrics.jsonl",
+                    &[StepMetrics {
                         step: 0,
                         phase: "sft".into(),
                         unix_ms: unix_ms(),
@@ -669,7 +866,7 @@ impl Trainer {
                         tokens_per_s: Some(tokens as f64 / secs.max(1e-9)),
                         seconds: Some(secs),
                         ..StepMetrics::default()
-                    },
+                    }],
                 )?;
                 bar.inc(1);
                 bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
@@ -729,7 +926,7 @@ impl Trainer {
         let mut env = Environment::new(
             &self.options.root,
             &self.config.run.agents,
-            &self.options.run_dir.join("live"),
+            &self.live_dir(),
             self.config.run.seed,
             Duration::from_secs(self.config.run.agent_timeout_secs),
         )?;
@@ -759,7 +956,7 @@ impl Trainer {
         for step in first..=stop {
             let m = self.step(&mut env, step)?;
             self.state.step = step;
-            metrics::append(&self.options.run_dir.join("metrics.jsonl"), &m)?;
+            self.log_metrics("metrics.jsonl", std::slice::from_ref(&m))?;
             bar.set_position(step);
             bar.set_message(format!(
                 "R_inj {:.2} R_det {:.2} det {:.0}% calls {:.1} kl {:.3}",
@@ -825,7 +1022,8 @@ impl Trainer {
         // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
         let healthy_pairs = self.run_and_investigate(env, step, &mut proposed)?;
         self.state.healthy_seen.extend(healthy_pairs);
-        let episodes = proposed.episodes;
+        // Every rank goes on with every rank's episodes, in step order.
+        let episodes = self.gather_episodes(proposed.episodes)?;
         // 4. Rewards, and the higher-order reviews that join the Detector's batch.
         let mut scored = self.score(env, step, &episodes)?;
         self.write_investigations(step, &scored.log)?;
@@ -923,7 +1121,8 @@ impl Trainer {
         let mut episodes = Vec::with_capacity(n);
         let mut planned = Vec::with_capacity(n);
         let mut diffs: Vec<Option<String>> = Vec::with_capacity(n);
-        for i in 0..n {
+        // Each rank proposes its share of the step's episodes (every rank for one process).
+        for i in (0..n).filter(|i| self.options.ranks.owns(*i)) {
             let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
             let diff_mode = self.config.injector.mode == InjectorMode::Diff;
             let mut options = env.options(&agent, diff_mode)?;
@@ -982,6 +1181,7 @@ impl Trainer {
                 mix(seed, step, i as u64, 2),
             )?);
             episodes.push(Episode {
+                index: i,
                 agent,
                 deficiency: option.deficiency.clone(),
                 injector: choice.conversation,
@@ -1002,9 +1202,10 @@ impl Trainer {
 
     /// Phases 2 and 3: the agents run the planned episodes on a worker thread, and the
     /// Detector investigates each valid trace as it arrives (through the decision head, or
-    /// `samples_per_trace` sampled investigations), and up to `run.healthy_per_step` of the
-    /// clean runs beside them as healthy traces. Returns the (agent, task) pairs whose clean
-    /// runs it investigated.
+    /// `samples_per_trace` sampled investigations); then up to `run.healthy_per_step` of the
+    /// clean runs beside them are investigated as healthy traces — the first in step order
+    /// whose (agent, task) the run has not shown yet, chosen over every rank's episodes.
+    /// Returns those (agent, task) pairs, the same on every rank.
     fn run_and_investigate(
         &self,
         env: &mut Environment,
@@ -1016,7 +1217,7 @@ impl Trainer {
             planned,
             diffs,
         } = proposed;
-        let stores = self.options.run_dir.join("live").join("stores");
+        let stores = self.live_dir().join("stores");
         std::fs::create_dir_all(&stores).map_err(|e| RlError::io(&stores, e))?;
         let store_path = stores.join(format!("step-{step}.sqlite"));
         evaluate::remove_store(&store_path)?;
@@ -1033,8 +1234,9 @@ impl Trainer {
         )
         .map_err(|e| RlError::Environment(e.to_string()))?;
         let out = env.out().to_owned();
-        let n = planned.len();
-        let mut healthy_pairs: Vec<(String, String)> = Vec::new();
+        let n = self.config.run.injections_per_step;
+        // This rank's valid episodes with a clean run to show: (step index, local index, path).
+        let mut candidates: Vec<(usize, usize, PathBuf)> = Vec::new();
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             let env_ref = &mut *env;
@@ -1060,23 +1262,13 @@ impl Trainer {
                 let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
                 std::fs::write(&record, json).map_err(|e| RlError::io(&record, e))?;
                 if manifest.validation.valid {
-                    let trace_id = format!("t{step:05}{i:02}");
+                    let index = episodes[i].index;
+                    let trace_id = format!("t{step:05}{index:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
                     (episodes[i].detections, episodes[i].head_choices) =
-                        self.investigate(&detector, &trace_id, step, i)?;
-                    let pair = (manifest.agent.clone(), manifest.task.clone());
-                    let show = clean.filter(|_| {
-                        healthy_pairs.len() < self.config.run.healthy_per_step
-                            && !self.state.healthy_seen.contains(&pair)
-                            && !healthy_pairs.contains(&pair)
-                    });
-                    if let Some(clean) = show {
-                        // Its randomness is drawn after the step's injected traces' (n + i).
-                        let trace_id = format!("h{step:05}{i:02}");
-                        environment::import_healthy(&mut store, &clean, &manifest, &trace_id)?;
-                        (episodes[i].healthy, episodes[i].healthy_choices) =
-                            self.investigate(&detector, &trace_id, step, n + i)?;
-                        healthy_pairs.push(pair);
+                        self.investigate(&detector, &trace_id, step, index)?;
+                    if let Some(clean) = clean {
+                        candidates.push((index, i, clean));
                     }
                 }
                 episodes[i].manifest = Some(manifest);
@@ -1084,14 +1276,77 @@ impl Trainer {
             Ok(())
         });
         worker_result?;
-        drop(store);
-        if let Some(i) = episodes.iter().position(|e| e.manifest.is_none()) {
+        if let Some(e) = episodes.iter().find(|e| e.manifest.is_none()) {
             return Err(RlError::Environment(format!(
-                "episode {i} of step {step} did not run"
+                "episode {} of step {step} did not run",
+                e.index
             )));
         }
 
-        Ok(healthy_pairs)
+        // The healthy traces, chosen in step order over every rank's candidates.
+        let pairs_of = |c: &[(usize, usize, PathBuf)]| -> Vec<(usize, (String, String))> {
+            c.iter()
+                .map(|(index, i, _)| {
+                    let m = episodes[*i].manifest.as_ref().expect("checked above");
+                    (*index, (m.agent.clone(), m.task.clone()))
+                })
+                .collect()
+        };
+        let mut offered: Vec<(usize, (String, String))> = if self.ranks().world() == 1 {
+            pairs_of(&candidates)
+        } else {
+            collective::gather_json(self.ranks(), &pairs_of(&candidates))
+                .map_err(collective_err)?
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        offered.sort_by_key(|(index, _)| *index);
+        let mut chosen: Vec<(usize, (String, String))> = Vec::new();
+        for (index, pair) in offered {
+            if chosen.len() < self.config.run.healthy_per_step
+                && !self.state.healthy_seen.contains(&pair)
+                && !chosen.iter().any(|(_, p)| *p == pair)
+            {
+                chosen.push((index, pair));
+            }
+        }
+        for (index, i, clean) in &candidates {
+            if !chosen.iter().any(|(c, _)| c == index) {
+                continue;
+            }
+            let manifest = episodes[*i].manifest.clone().expect("checked above");
+            // Its randomness is drawn after the step's injected traces' (n + index).
+            let trace_id = format!("h{step:05}{index:02}");
+            environment::import_healthy(&mut store, clean, &manifest, &trace_id)?;
+            (episodes[*i].healthy, episodes[*i].healthy_choices) =
+                self.investigate(&detector, &trace_id, step, n + index)?;
+        }
+        drop(store);
+        Ok(chosen.into_iter().map(|(_, pair)| pair).collect())
+    }
+
+    /// Every rank's episodes of a step, in step order, on every rank (the identity for one
+    /// process). Each rank has run and investigated its own share; rewards, reviews and the
+    /// update then see the whole step.
+    fn gather_episodes(&self, mine: Vec<Episode>) -> Result<Vec<Episode>> {
+        if self.ranks().world() == 1 {
+            return Ok(mine);
+        }
+        let mut all: Vec<Episode> = collective::gather_json(self.ranks(), &mine)
+            .map_err(collective_err)?
+            .into_iter()
+            .flatten()
+            .collect();
+        all.sort_by_key(|e| e.index);
+        let n = self.config.run.injections_per_step;
+        if all.len() != n || all.iter().enumerate().any(|(i, e)| e.index != i) {
+            return Err(RlError::Environment(format!(
+                "the ranks returned {} episodes for a step of {n}",
+                all.len()
+            )));
+        }
+        Ok(all)
     }
 
     /// Phase 4: the rewards. Each investigation is scored on its own joint reward; the
@@ -1276,6 +1531,9 @@ impl Trainer {
     /// Every investigation of the step as JSON Lines, for reading what the Detector did (never
     /// read back).
     fn write_investigations(&self, step: u64, log: &str) -> Result<()> {
+        if !self.leader() {
+            return Ok(());
+        }
         let log_path = self
             .options
             .run_dir
@@ -1306,7 +1564,12 @@ impl Trainer {
                 .per_step
                 .min(self.state.failed.len());
             let chosen: Vec<FailedInvestigation> = self.state.failed.drain(..take).collect();
+            // Each rank writes its share of the reviews; they are gathered in order.
+            let mut mine: Vec<(usize, Sample)> = Vec::new();
             for (k, f) in chosen.iter().enumerate() {
+                if !self.options.ranks.owns(k) {
+                    continue;
+                }
                 let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
                 let (conversation, reward) = higher_order::review(
                     &mut pm,
@@ -1315,14 +1578,26 @@ impl Trainer {
                     self.config.detector.temperature,
                     mix(seed, step, k as u64, 4),
                 )?;
-                reviews.push(Sample {
-                    role: Role::Review,
-                    conversation,
-                    reward,
-                    // Reviews are measured against each other, not against investigations.
-                    group: u64::MAX,
-                });
+                mine.push((
+                    k,
+                    Sample {
+                        role: Role::Review,
+                        conversation,
+                        reward,
+                        // Reviews are measured against each other, not against investigations.
+                        group: u64::MAX,
+                    },
+                ));
             }
+            if self.ranks().world() > 1 {
+                mine = collective::gather_json(self.ranks(), &mine)
+                    .map_err(collective_err)?
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                mine.sort_by_key(|(k, _)| *k);
+            }
+            reviews.extend(mine.into_iter().map(|(_, s)| s));
             self.state.failed.extend(new_failures);
             let excess = self
                 .state
@@ -1366,6 +1641,7 @@ impl Trainer {
                 batch,
                 &ppo_cfg,
                 entropy_coef,
+                self.options.ranks.as_ref(),
             )?);
         }
         let head_stats = self.update_head(
@@ -1688,4 +1964,8 @@ fn read_eval(run: &Path, step: u64) -> Result<Option<Accuracy>> {
         }
     }
     Ok(None)
+}
+
+fn collective_err(e: collective::CollectiveError) -> RlError {
+    RlError::Environment(e.to_string())
 }

@@ -171,7 +171,16 @@ fn train_towards_good(baseline: Baseline) -> (f64, f64) {
     ];
     let mut kls = Vec::new();
     for _ in 0..4 {
-        let stats = ppo::update(&mut m, "a", &mut opt, &batch, &cfg, 0.01).unwrap();
+        let stats = ppo::update(
+            &mut m,
+            "a",
+            &mut opt,
+            &batch,
+            &cfg,
+            0.01,
+            &collective::Single,
+        )
+        .unwrap();
         assert!(stats.tokens > 0 && stats.kl.is_finite() && stats.grad_norm > 0.0);
         kls.push(stats.kl);
     }
@@ -220,7 +229,21 @@ fn warm_start(
     )
     .unwrap();
     (0..steps)
-        .map(|_| ppo::sft_step(m, "a", &mut opt, demos, 1.0, decision_weight, measure_kl).unwrap())
+        .map(|_| {
+            ppo::sft_step(
+                m,
+                "a",
+                &mut opt,
+                demos,
+                ppo::SftStep {
+                    max_grad_norm: 1.0,
+                    decision_weight,
+                    measure_kl,
+                },
+                &collective::Single,
+            )
+            .unwrap()
+        })
         .collect()
 }
 

@@ -51,6 +51,7 @@ fn options(run_dir: &Path, resume: bool, max_steps: Option<u64>) -> TrainOptions
         sft_only: false,
         max_steps,
         progress: false,
+        ranks: std::sync::Arc::new(collective::Single),
     }
 }
 
@@ -266,35 +267,11 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A small labelled corpus in `dir`: the synthetic scenarios three times over, two repeats
-/// in the train split, the third in val (even scenarios) or test (odd ones).
-fn synthetic_corpus(dir: &Path) {
-    std::fs::create_dir_all(dir.join("splits")).unwrap();
-    let labels = detect::synthetic::build_store(&dir.join("store.sqlite"), 3).unwrap();
-    let mut splits: HashMap<&str, String> = HashMap::new();
-    for (i, (trace_id, _)) in labels.iter().enumerate() {
-        let (scenario, repeat) = (i / 3, i % 3);
-        let split = match (repeat, scenario % 2) {
-            (0 | 1, _) => "train",
-            (_, 0) => "val",
-            _ => "test",
-        };
-        splits
-            .entry(split)
-            .or_default()
-            .push_str(&format!("{{\"trace_id\": \"{trace_id}\"}}\n"));
-    }
-    for (split, text) in splits {
-        std::fs::write(dir.join(format!("splits/{split}.jsonl")), text).unwrap();
-    }
-    std::fs::write(dir.join("corpus.jsonl"), "").unwrap();
-}
-
 #[test]
 fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus");
-    synthetic_corpus(&corpus);
+    rl::testing::synthetic_corpus(&corpus).unwrap();
     let text = CONFIG
         .replace(
             "max_turns = 2",

@@ -44,6 +44,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         None => text,
     };
     let run_dir = args.runs_dir.join(&args.run);
+    // One process, or a rank of a job started by mpirun or srun (the `mpi` feature).
+    let ranks: std::sync::Arc<dyn collective::Collective> = collective::from_launcher()?.into();
+    let leader = ranks.is_leader();
     let options = TrainOptions {
         root: std::path::absolute(&args.root)?,
         run_dir: run_dir.clone(),
@@ -51,9 +54,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
         sft_only: args.sft,
         max_steps: args.max_steps,
         progress: true,
+        ranks: std::sync::Arc::clone(&ranks),
     };
-    let mut trainer = Trainer::new(&text, &args.config, options)?;
-    let outcome = trainer.run()?;
+    let world = ranks.world();
+    let abort_with = std::sync::Arc::clone(&ranks);
+    let outcome = Trainer::new(&text, &args.config, options).and_then(|mut t| t.run());
+    let outcome = match outcome {
+        Ok(o) => o,
+        // One rank's error ends the job: the others would wait for it in the next collective.
+        Err(e) if world > 1 => {
+            eprintln!("error: rank {}: {e}", abort_with.rank());
+            abort_with.abort(1)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !leader {
+        return Ok(());
+    }
     let show = |label: &str, acc: &Option<rl::evaluate::Accuracy>| {
         match acc {
         Some(a) => println!(

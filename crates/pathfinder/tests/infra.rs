@@ -1,0 +1,255 @@
+//! The cluster launch files in `infra/`: the Kubeflow MPIJob manifest against the MPI
+//! Operator's v2beta1 schema (the fields it defines, typed, unknown fields refused, so a
+//! misspelt key fails here rather than at `kubectl apply`), and the launch it describes
+//! against what `pathfinder train` needs; the Slurm batch script's syntax and launch.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+// The structs below are the schema: every field the operator defines is deserialised (and an
+// unknown one refused), while the test asserts only those a launch depends on.
+
+fn infra(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../infra")
+        .join(rel)
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MpiJob {
+    api_version: String,
+    kind: String,
+    metadata: Metadata,
+    spec: MpiJobSpec,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Metadata {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MpiJobSpec {
+    #[serde(default = "one")]
+    slots_per_worker: u32,
+    #[serde(default)]
+    run_policy: Option<RunPolicy>,
+    #[serde(default)]
+    mpi_implementation: Option<String>,
+    #[serde(default)]
+    ssh_auth_mount_path: Option<String>,
+    #[serde(default)]
+    launcher_creation_policy: Option<String>,
+    mpi_replica_specs: BTreeMap<String, ReplicaSpec>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RunPolicy {
+    #[serde(default)]
+    clean_pod_policy: Option<String>,
+    #[serde(default)]
+    backoff_limit: Option<u32>,
+    #[serde(default)]
+    ttl_seconds_after_finished: Option<u32>,
+    #[serde(default)]
+    active_deadline_seconds: Option<u64>,
+    #[serde(default)]
+    suspend: Option<bool>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReplicaSpec {
+    replicas: u32,
+    #[serde(default)]
+    restart_policy: Option<String>,
+    template: PodTemplate,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodTemplate {
+    #[serde(default)]
+    metadata: Option<serde_yaml::Value>,
+    spec: PodSpec,
+}
+
+/// The pod fields the manifest uses, typed; the rest of a PodSpec is refused here so that a
+/// new field is added to this check deliberately.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodSpec {
+    containers: Vec<Container>,
+    #[serde(default)]
+    volumes: Vec<serde_yaml::Value>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Container {
+    name: String,
+    image: String,
+    #[serde(default)]
+    working_dir: Option<String>,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    resources: Resources,
+    #[serde(default)]
+    volume_mounts: Vec<VolumeMount>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resources {
+    #[serde(default)]
+    limits: BTreeMap<String, serde_yaml::Value>,
+    #[serde(default)]
+    requests: BTreeMap<String, serde_yaml::Value>,
+}
+
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct VolumeMount {
+    name: String,
+    mount_path: String,
+}
+
+#[test]
+fn the_mpijob_manifest_follows_the_v2beta1_schema_and_launches_every_slot() {
+    let path = infra("kubernetes/mpijob.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let job: MpiJob = serde_yaml::from_str(&text)
+        .unwrap_or_else(|e| panic!("{}: not an MPIJob v2beta1: {e}", path.display()));
+    assert_eq!(job.api_version, "kubeflow.org/v2beta1");
+    assert_eq!(job.kind, "MPIJob");
+    assert!(!job.metadata.name.is_empty());
+    let spec = &job.spec;
+    if let Some(i) = &spec.mpi_implementation {
+        assert!(["OpenMPI", "Intel", "MPICH"].contains(&i.as_str()), "{i}");
+    }
+    if let Some(p) = spec
+        .run_policy
+        .as_ref()
+        .and_then(|p| p.clean_pod_policy.as_deref())
+    {
+        assert!(
+            ["None", "Running", "All"].contains(&p),
+            "cleanPodPolicy {p}"
+        );
+    }
+    let keys: Vec<&str> = spec.mpi_replica_specs.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["Launcher", "Worker"],
+        "the operator's two replica types"
+    );
+    let launcher = &spec.mpi_replica_specs["Launcher"];
+    let worker = &spec.mpi_replica_specs["Worker"];
+    assert_eq!(launcher.replicas, 1, "one launcher");
+    for r in [launcher, worker] {
+        if let Some(p) = &r.restart_policy {
+            assert!(["Always", "OnFailure", "Never", "ExitCode"].contains(&p.as_str()));
+        }
+        assert!(!r.template.spec.containers.is_empty());
+        for c in &r.template.spec.containers {
+            assert!(!c.name.is_empty() && !c.image.is_empty());
+        }
+    }
+
+    // mpirun starts one rank per slot, and each rank runs `pathfinder train`.
+    let cmd = &launcher.template.spec.containers[0].command;
+    assert_eq!(cmd.first().map(String::as_str), Some("mpirun"));
+    let n: u32 = cmd[cmd.iter().position(|a| a == "-n").expect("mpirun -n") + 1]
+        .parse()
+        .unwrap();
+    assert_eq!(
+        n,
+        worker.replicas * spec.slots_per_worker,
+        "ranks = workers x slots"
+    );
+    let train = cmd
+        .iter()
+        .position(|a| a == "train")
+        .expect("pathfinder train");
+    assert!(cmd[train - 1].ends_with("pathfinder"));
+    for flag in ["--config", "--run", "--runs-dir"] {
+        assert!(cmd[train..].iter().any(|a| a == flag), "train needs {flag}");
+    }
+    // The configuration it names exists in the repository.
+    let config = &cmd[cmd.iter().position(|a| a == "--config").unwrap() + 1];
+    assert!(Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(config)
+        .is_file());
+
+    // GPUs: one per slot when the workers ask for any; the runs directory on every worker.
+    let w = &worker.template.spec.containers[0];
+    if let Some(gpus) = w.resources.limits.get("nvidia.com/gpu") {
+        assert_eq!(gpus.as_u64(), Some(u64::from(spec.slots_per_worker)));
+    }
+    let runs_dir = &cmd[cmd.iter().position(|a| a == "--runs-dir").unwrap() + 1];
+    assert!(
+        w.volume_mounts
+            .iter()
+            .any(|m| &m.mount_path == runs_dir && !m.name.is_empty()),
+        "the workers mount {runs_dir}"
+    );
+    assert!(!worker.template.spec.volumes.is_empty());
+}
+
+#[test]
+fn a_misspelt_manifest_field_is_refused() {
+    let text = std::fs::read_to_string(infra("kubernetes/mpijob.yaml")).unwrap();
+    let bad = text.replacen("  slotsPerWorker:", "  slotPerWorker:", 1);
+    let err = serde_yaml::from_str::<MpiJob>(&bad)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("slotPerWorker"), "{err}");
+}
+
+#[test]
+fn the_slurm_script_parses_and_launches_ranks_through_pmix() {
+    for script in ["slurm/train.sbatch", "slurm/single-node.sh"] {
+        let out = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(infra(script))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(infra("slurm/train.sbatch")).unwrap();
+    assert!(text.contains("#SBATCH --ntasks-per-node="));
+    assert!(text.contains("srun --mpi=pmix"));
+    assert!(text.contains("train --root"));
+}
