@@ -205,11 +205,78 @@ mod skinny {
         block(x, w, out, m, k)
     }
 
-    /// [`block`] compiled for AVX2 and FMA (8 lanes), chosen at run time.
+    /// [`block`] with AVX2 and FMA (8 lanes), chosen at run time: rows of `x` four at a time
+    /// against each row of `W` (see [`four_rows_avx2`]), the rest as in [`block`].
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn block_avx2(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize) {
-        block(x, w, out, m, k)
+        let whole = m / 4 * 4;
+        for (wj, outs) in w.chunks_exact(k).zip(out.chunks_exact_mut(m)) {
+            for (xs, os) in x[..whole * k]
+                .chunks_exact(4 * k)
+                .zip(outs[..whole].chunks_exact_mut(4))
+            {
+                // SAFETY: AVX2 and FMA are enabled on this function; `xs` holds four rows of
+                // `k` and `wj` one.
+                let dots = unsafe { four_rows_avx2(xs, wj, k) };
+                os.copy_from_slice(&dots);
+            }
+            for (xi, o) in x[whole * k..].chunks_exact(k).zip(outs[whole..].iter_mut()) {
+                *o = dot(xi, wj);
+            }
+        }
+    }
+
+    /// Four dot products of one row of `W` with four rows of `x`, 16 features a step: each
+    /// load of `W` serves four rows, and eight independent accumulators keep both FMA units
+    /// busy. The plain [`dot`] per (row, column) has two vector accumulators, so at eight rows
+    /// decoding waited on the adds' latency rather than on the weights (BENCHMARKS.md).
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn four_rows_avx2(xs: &[f32], wj: &[f32], k: usize) -> [f32; 4] {
+        #[cfg(target_arch = "x86")]
+        use std::arch::x86::*;
+        #[cfg(target_arch = "x86_64")]
+        use std::arch::x86_64::*;
+        assert!(xs.len() == 4 * k && wj.len() == k);
+        let wide = k / 16 * 16;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let (wp, xp) = (wj.as_ptr(), xs.as_ptr());
+        let mut p = 0;
+        while p < wide {
+            // SAFETY: p + 16 <= wide <= k, so every load below reads inside `wj` and inside
+            // row r of `xs` (which starts at r·k).
+            unsafe {
+                let wa = _mm256_loadu_ps(wp.add(p));
+                let wb = _mm256_loadu_ps(wp.add(p + 8));
+                for r in 0..4 {
+                    let row = xp.add(r * k + p);
+                    acc[2 * r] = _mm256_fmadd_ps(_mm256_loadu_ps(row), wa, acc[2 * r]);
+                    acc[2 * r + 1] =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(row.add(8)), wb, acc[2 * r + 1]);
+                }
+            }
+            p += 16;
+        }
+        let mut dots = [0f32; 4];
+        for (r, d) in dots.iter_mut().enumerate() {
+            let mut lanes = [0f32; 8];
+            // SAFETY: `lanes` holds eight f32.
+            unsafe {
+                _mm256_storeu_ps(
+                    lanes.as_mut_ptr(),
+                    _mm256_add_ps(acc[2 * r], acc[2 * r + 1]),
+                )
+            };
+            let row = &xs[r * k..(r + 1) * k];
+            let tail: f32 = row[wide..]
+                .iter()
+                .zip(&wj[wide..])
+                .map(|(a, b)| a * b)
+                .sum();
+            *d = lanes.iter().sum::<f32>() + tail;
+        }
+        dots
     }
 
     #[inline(always)]
