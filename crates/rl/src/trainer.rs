@@ -379,16 +379,22 @@ impl Trainer {
     /// and ranks that differ stop the run rather than train on diverged copies.
     fn save(&self) -> Result<PathBuf> {
         let pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        let fingerprint = self.fingerprint(&pm.model)?;
-        let all = collective::gather_json(self.ranks(), &fingerprint).map_err(collective_err)?;
-        if let Some(r) = all.iter().position(|f| *f != fingerprint) {
-            return Err(RlError::Environment(format!(
-                "data-parallel ranks diverged at step {}: rank {r}'s weights differ from rank {}'s (fingerprints {} and {fingerprint})",
-                self.state.step,
-                self.ranks().rank(),
-                all[r]
-            )));
-        }
+        // One process has nothing to compare: the fingerprint is a pass over every weight.
+        let fingerprint = if self.ranks().world() > 1 {
+            let mine = self.fingerprint(&pm.model)?;
+            let all = collective::gather_json(self.ranks(), &mine).map_err(collective_err)?;
+            if let Some(r) = all.iter().position(|f| *f != mine) {
+                return Err(RlError::Environment(format!(
+                    "data-parallel ranks diverged at step {}: rank {r}'s weights differ from rank {}'s (fingerprints {} and {mine})",
+                    self.state.step,
+                    self.ranks().rank(),
+                    all[r]
+                )));
+            }
+            Some(mine)
+        } else {
+            None
+        };
         let dir = checkpoint::step_dir(&self.options.run_dir, self.state.step);
         if !self.leader() {
             return Ok(dir);
@@ -410,7 +416,7 @@ impl Trainer {
             &self.state,
             &self.config_text,
         )?;
-        if self.ranks().world() > 1 {
+        if let Some(fingerprint) = fingerprint {
             tracing::info!(
                 step = self.state.step,
                 world = self.ranks().world(),
@@ -583,12 +589,26 @@ impl Trainer {
             .enumerate()
             .map(|(i, t)| (t.trace_id.as_str(), i))
             .collect();
+        self.gather_sorted(items, |t| {
+            order.get(trace_id(t)).copied().unwrap_or(usize::MAX)
+        })
+    }
+
+    /// Every rank's `items`, on every rank, ordered by `key` (the identity for one process):
+    /// how a rank's share of a list rejoins the whole.
+    fn gather_sorted<T, K: Ord>(&self, items: Vec<T>, key: impl Fn(&T) -> K) -> Result<Vec<T>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        if self.ranks().world() == 1 {
+            return Ok(items);
+        }
         let mut all: Vec<T> = collective::gather_json(self.ranks(), &items)
             .map_err(collective_err)?
             .into_iter()
             .flatten()
             .collect();
-        all.sort_by_key(|t| order.get(trace_id(t)).copied().unwrap_or(usize::MAX));
+        all.sort_by_key(|t| key(t));
         Ok(all)
     }
 
@@ -622,28 +642,23 @@ impl Trainer {
         );
         let reader = self.head_reader()?;
         // Each rank reads its share of the traces; the features are gathered in order.
-        let mine: Vec<_> = batteries
+        let (indices, mine): (Vec<usize>, Vec<_>) = batteries
             .iter()
             .enumerate()
             .filter(|(i, _)| self.ranks().owns(*i))
-            .map(|(_, b)| b.clone())
-            .collect();
+            .map(|(i, b)| (i, b.clone()))
+            .unzip();
         let x = head::features(&reader, &self.shared, &mine, |i| bar.set_position(i as u64))?;
         bar.finish_and_clear();
-        if self.ranks().world() == 1 {
-            return Ok(x);
+        let all = self.gather_sorted(indices.into_iter().zip(x).collect(), |(i, _)| *i)?;
+        if all.len() != batteries.len() {
+            return Err(RlError::Environment(format!(
+                "the ranks returned features for {} of {} traces",
+                all.len(),
+                batteries.len()
+            )));
         }
-        let per_rank = collective::gather_json(self.ranks(), &x).map_err(collective_err)?;
-        let world = self.ranks().world();
-        let mut all = Vec::with_capacity(batteries.len());
-        for i in 0..batteries.len() {
-            let (r, k) = (i % world, i / world);
-            let row = per_rank.get(r).and_then(|v| v.get(k)).ok_or_else(|| {
-                RlError::Environment(format!("rank {r} returned no features for trace {i}"))
-            })?;
-            all.push(row.clone());
-        }
-        Ok(all)
+        Ok(all.into_iter().map(|(_, x)| x).collect())
     }
 
     /// The train split with its features, for the head's fit and PPO's replay.
@@ -1292,16 +1307,7 @@ impl Trainer {
                 })
                 .collect()
         };
-        let mut offered: Vec<(usize, (String, String))> = if self.ranks().world() == 1 {
-            pairs_of(&candidates)
-        } else {
-            collective::gather_json(self.ranks(), &pairs_of(&candidates))
-                .map_err(collective_err)?
-                .into_iter()
-                .flatten()
-                .collect()
-        };
-        offered.sort_by_key(|(index, _)| *index);
+        let offered = self.gather_sorted(pairs_of(&candidates), |(index, _)| *index)?;
         let mut chosen: Vec<(usize, (String, String))> = Vec::new();
         for (index, pair) in offered {
             if chosen.len() < self.config.run.healthy_per_step
@@ -1333,12 +1339,7 @@ impl Trainer {
         if self.ranks().world() == 1 {
             return Ok(mine);
         }
-        let mut all: Vec<Episode> = collective::gather_json(self.ranks(), &mine)
-            .map_err(collective_err)?
-            .into_iter()
-            .flatten()
-            .collect();
-        all.sort_by_key(|e| e.index);
+        let all = self.gather_sorted(mine, |e| e.index)?;
         let n = self.config.run.injections_per_step;
         if all.len() != n || all.iter().enumerate().any(|(i, e)| e.index != i) {
             return Err(RlError::Environment(format!(
@@ -1589,15 +1590,8 @@ impl Trainer {
                     },
                 ));
             }
-            if self.ranks().world() > 1 {
-                mine = collective::gather_json(self.ranks(), &mine)
-                    .map_err(collective_err)?
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                mine.sort_by_key(|(k, _)| *k);
-            }
-            reviews.extend(mine.into_iter().map(|(_, s)| s));
+            let all = self.gather_sorted(mine, |(k, _)| *k)?;
+            reviews.extend(all.into_iter().map(|(_, s)| s));
             self.state.failed.extend(new_failures);
             let excess = self
                 .state

@@ -56,15 +56,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
         progress: true,
         ranks: std::sync::Arc::clone(&ranks),
     };
-    let world = ranks.world();
-    let abort_with = std::sync::Arc::clone(&ranks);
     let outcome = Trainer::new(&text, &args.config, options).and_then(|mut t| t.run());
     let outcome = match outcome {
         Ok(o) => o,
         // One rank's error ends the job: the others would wait for it in the next collective.
-        Err(e) if world > 1 => {
-            eprintln!("error: rank {}: {e}", abort_with.rank());
-            abort_with.abort(1)
+        Err(e) if ranks.world() > 1 => {
+            eprintln!("error: rank {}: {e}", ranks.rank());
+            ranks.abort(1)
         }
         Err(e) => return Err(e.into()),
     };
