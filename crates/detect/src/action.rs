@@ -321,6 +321,10 @@ pub enum Verdict {
         component: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<i64>,
+        /// The code the deficiency lives in, as far as the trace shows it (`@at FILE:FUNCTION`,
+        /// either side may be empty): the level a framework without a component mapping allows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        location: Option<CodeLocation>,
         evidence: String,
     },
     /// Chat-log traces: the agent and step responsible.
@@ -339,13 +343,15 @@ impl Verdict {
                 deficiency_id,
                 component,
                 step,
+                location,
                 evidence,
-            } => match step {
-                Some(step) => {
-                    format!("answer: {deficiency_id} {component} @step {step} | {evidence}")
-                }
-                None => format!("answer: {deficiency_id} {component} | {evidence}"),
-            },
+            } => {
+                let step = step.map_or(String::new(), |s| format!(" @step {s}"));
+                let at = location
+                    .as_ref()
+                    .map_or(String::new(), |l| format!(" @at {}", l.render()));
+                format!("answer: {deficiency_id} {component}{step}{at} | {evidence}")
+            }
             Verdict::Blame {
                 agent,
                 step,
@@ -404,26 +410,34 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
             deficiency_id: taxonomy::NONE.into(),
             component: taxonomy::NONE.into(),
             step: None,
+            location: None,
             evidence,
         });
     }
-    let (id, component, step) = match words.as_slice() {
-        [id, component] => (id, component, None),
-        [id, component, at, n] if at.eq_ignore_ascii_case("@step") => {
-            let step = n
-                .parse::<i64>()
-                .ok()
-                .filter(|s| *s >= 0)
-                .ok_or_else(|| format!("step `{n}` is not a whole number of 0 or more"))?;
-            (id, component, Some(step))
-        }
-        _ => {
-            return Err(format!(
-                "write `answer: ID COMPONENT | evidence` or `answer: ID COMPONENT @step N | evidence` (e.g. `answer: P16 tools.schema | …`); got {} word(s) before `|`",
-                words.len()
-            ))
-        }
+    const FORM: &str = "write `answer: ID COMPONENT | evidence`, optionally with `@step N` and `@at FILE:FUNCTION` before the `|` (e.g. `answer: P16 tools.schema @step 3 @at app/tools.py:lookup | …`)";
+    let (id, component, rest) = match words.as_slice() {
+        [id, component, rest @ ..] => (id, component, rest),
+        _ => return Err(format!("{FORM}; got {} word(s) before `|`", words.len())),
     };
+    let (mut step, mut location) = (None, None);
+    for pair in rest.chunks(2) {
+        match pair {
+            [at, n] if at.eq_ignore_ascii_case("@step") && step.is_none() => {
+                step = Some(
+                    n.parse::<i64>()
+                        .ok()
+                        .filter(|s| *s >= 0)
+                        .ok_or_else(|| format!("step `{n}` is not a whole number of 0 or more"))?,
+                );
+            }
+            [at, loc] if at.eq_ignore_ascii_case("@at") && location.is_none() => {
+                location = Some(CodeLocation::parse(loc).ok_or_else(|| {
+                    format!("`@at {loc}`: write FILE:FUNCTION, FILE or :FUNCTION")
+                })?);
+            }
+            _ => return Err(format!("{FORM}; could not read `{}`", pair.join(" "))),
+        }
+    }
     let deficiency = catalog
         .get(id)
         .ok_or_else(|| format!("unknown deficiency id `{id}`; ids are P1–P27 and C1–C23"))?;
@@ -438,8 +452,43 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
         deficiency_id: deficiency.id.clone(),
         component: component.to_string(),
         step,
+        location,
         evidence,
     })
+}
+
+/// Where in the code an answer says the deficiency lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeLocation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+}
+
+impl CodeLocation {
+    /// `FILE:FUNCTION`, `FILE` or `:FUNCTION`; `None` when both are empty.
+    pub fn parse(text: &str) -> Option<CodeLocation> {
+        let (file, function) = match text.rsplit_once(':') {
+            Some((f, g)) => (f, g),
+            None => (text, ""),
+        };
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let location = CodeLocation {
+            file: some(file),
+            function: some(function),
+        };
+        (location.file.is_some() || location.function.is_some()).then_some(location)
+    }
+
+    pub fn render(&self) -> String {
+        match (&self.file, &self.function) {
+            (Some(f), Some(g)) => format!("{f}:{g}"),
+            (Some(f), None) => f.clone(),
+            (None, Some(g)) => format!(":{g}"),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 mod opt_secs {
@@ -538,6 +587,7 @@ mod tests {
                 deficiency_id: "P16".into(),
                 component: "tools.schema".into(),
                 step: None,
+                location: None,
                 evidence: "RecursionError".into()
             }
         );
@@ -549,6 +599,7 @@ mod tests {
                 deficiency_id: "P16".into(),
                 component: "tools.schema".into(),
                 step: Some(3),
+                location: None,
                 evidence: "first failing call".into()
             }
         );
@@ -560,6 +611,41 @@ mod tests {
             .unwrap_err()
             .contains("-1"));
         assert!(parse_verdict("P16 tools.schema @stage 3 | x", &catalog).is_err());
+        // Where in the code: FILE:FUNCTION, either side alone, in either order with the step.
+        let located = parse_verdict(
+            "P24 parsing.encoding @at app/tools.py:read_file @step 2 | x",
+            &catalog,
+        )
+        .unwrap();
+        let Verdict::Deficiency { step, location, .. } = &located else {
+            panic!("{located:?}")
+        };
+        assert_eq!(*step, Some(2));
+        assert_eq!(
+            location,
+            &Some(CodeLocation {
+                file: Some("app/tools.py".into()),
+                function: Some("read_file".into())
+            })
+        );
+        assert_eq!(
+            located.render(),
+            "answer: P24 parsing.encoding @step 2 @at app/tools.py:read_file | x"
+        );
+        let function_only = parse_verdict("P24 parsing.encoding @at :read_file | x", &catalog);
+        assert!(matches!(
+            function_only,
+            Ok(Verdict::Deficiency {
+                location: Some(CodeLocation {
+                    file: None,
+                    function: Some(_)
+                }),
+                ..
+            })
+        ));
+        assert!(parse_verdict("P24 parsing.encoding @at : | x", &catalog).is_err());
+        assert!(parse_verdict("P24 parsing.encoding @step 1 @step 2 | x", &catalog).is_err());
+        assert!(parse_verdict("P24 parsing.encoding @at | x", &catalog).is_err());
         assert_eq!(
             parse_verdict("agent WebSurfer step 12 | wrong page", &catalog).unwrap(),
             Verdict::Blame {

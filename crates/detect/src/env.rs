@@ -59,6 +59,10 @@ pub struct Config {
     pub sql: SqlLimits,
     pub sandbox: SandboxLimits,
     pub ablations: Ablations,
+    /// Traces of the store known to be healthy (a user's good runs). When given, each
+    /// investigation is handed the one most like the trace under investigation (see
+    /// [`Reference`]) to compare with; never the trace itself.
+    pub references: Option<Arc<Vec<String>>>,
 }
 
 impl Default for Config {
@@ -74,6 +78,7 @@ impl Default for Config {
             sql: SqlLimits::default(),
             sandbox: SandboxLimits::default(),
             ablations: Ablations::default(),
+            references: None,
         }
     }
 }
@@ -136,6 +141,69 @@ pub struct Investigation {
     history_shared: bool,
     sandbox: std::result::Result<Sandbox, String>,
     episode_dir: tempfile::TempDir,
+    reference: Option<Reference>,
+}
+
+/// A healthy run to compare the trace under investigation with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    pub trace_id: String,
+    /// A run of the same task (the stores' `task` column agrees, or the first model request
+    /// is the same), not only of the same agent.
+    pub same_task: bool,
+}
+
+/// A run's framework, task and first model request: what makes two runs comparable.
+type RunIdentity = (Option<String>, Option<String>, Option<String>);
+
+/// The reference for `trace_id` among `references`: a run of the same framework and task if
+/// there is one, else of the same framework; the smallest id among equals, so the choice is
+/// reproducible. `None` when no reference shares the framework.
+pub fn choose_reference(
+    conn: &rusqlite::Connection,
+    trace_id: &str,
+    references: &[String],
+) -> rusqlite::Result<Option<Reference>> {
+    let mut about = conn.prepare_cached(
+        "SELECT framework, task, (SELECT input FROM spans s WHERE s.trace_id = t.trace_id AND s.kind = 'llm' ORDER BY seq LIMIT 1) \
+         FROM traces t WHERE trace_id = ?1",
+    )?;
+    let mut read = |id: &str| -> rusqlite::Result<Option<RunIdentity>> {
+        let mut rows = about.query([id])?;
+        rows.next()?
+            .map(|r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .transpose()
+    };
+    let Some((framework, task, first_request)) = read(trace_id)? else {
+        return Ok(None);
+    };
+    let mut best: Option<(bool, &String)> = None;
+    for candidate in references {
+        if candidate == trace_id {
+            continue;
+        }
+        let Some((f, t, first)) = read(candidate)? else {
+            continue;
+        };
+        if f != framework {
+            continue;
+        }
+        let same_task =
+            (task.is_some() && t == task) || (first_request.is_some() && first == first_request);
+        let better = match best {
+            None => true,
+            Some((b_same, b_id)) => {
+                (same_task, std::cmp::Reverse(candidate)) > (b_same, std::cmp::Reverse(b_id))
+            }
+        };
+        if better {
+            best = Some((same_task, candidate));
+        }
+    }
+    Ok(best.map(|(same_task, id)| Reference {
+        trace_id: id.clone(),
+        same_task,
+    }))
 }
 
 impl Investigation {
@@ -195,6 +263,11 @@ impl Investigation {
         if let (Err(reason), false) = (&sandbox, config.ablations.no_shell) {
             warn_once(reason);
         }
+        let reference = match &config.references {
+            Some(refs) => choose_reference(store.connection(), trace_id, refs)
+                .map_err(|e| store_err(traces::Error::Sqlite(e)))?,
+            None => None,
+        };
         let history_shared = shared_history.is_some();
         Ok(Investigation {
             store_path: store_path.to_path_buf(),
@@ -207,7 +280,13 @@ impl Investigation {
             history_shared,
             sandbox,
             episode_dir,
+            reference,
         })
+    }
+
+    /// The healthy run this investigation may compare with, when references were given.
+    pub fn reference(&self) -> Option<&Reference> {
+        self.reference.as_ref()
     }
 
     pub fn trace_id(&self) -> &str {

@@ -27,6 +27,8 @@ pub struct View<'a> {
     pub turns: &'a [TurnRecord],
     pub turns_left: usize,
     pub tokens_left: usize,
+    /// A healthy run of the same agent to compare with, when the run was given references.
+    pub reference: Option<&'a crate::env::Reference>,
 }
 
 /// A Detector policy: a learned model, a baseline or a scripted investigator. It writes the
@@ -163,6 +165,7 @@ fn run_agent(
                     turns: &turns,
                     turns_left: max_turns - turns.len(),
                     tokens_left: budget - total,
+                    reference: inv.reference(),
                 };
                 blocking(|| policy.act(&view))
             };

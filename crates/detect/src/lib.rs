@@ -30,8 +30,8 @@ pub mod sql;
 pub mod synthetic;
 pub mod transcript;
 
-pub use action::{Action, Verdict};
-pub use env::{Ablations, Config, Investigation, Observation, Role, Status};
+pub use action::{Action, CodeLocation, Verdict};
+pub use env::{Ablations, Config, Investigation, Observation, Reference, Role, Status};
 pub use episode::{Detector, Policy, View};
 pub use error::{Error, Result};
 pub use transcript::{Outcome, Transcript, TurnRecord};

@@ -304,7 +304,7 @@ impl Policy for BatteryPolicy {
         }
         match LIBRARY.get(self.results.len()) {
             Some(p) if view.turns_left > 1 => Ok(p.call(view.trace_id)),
-            _ => (self.decide)(&self.results),
+            _ => (self.decide)(&self.results).map(|answer| locate(&answer, &self.results)),
         }
     }
 
@@ -313,9 +313,70 @@ impl Policy for BatteryPolicy {
     }
 }
 
+/// The function the failing spans came from, as the `code` probe reads it (failing locations
+/// first, the most failures first): framework-neutral localisation, for traces whose spans map
+/// onto no component of ours. `None` when no span with a code location failed.
+pub fn failing_function(results: &[ProbeResult]) -> Option<String> {
+    let code = results.iter().find(|r| r.probe == "code")?;
+    code.digest.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next() == Some("code") && line.contains(" failed "))
+            .then(|| words.next().map(str::to_owned))
+            .flatten()
+    })
+}
+
+/// `answer` with ` @at :FUNCTION` added before its evidence when it names a deficiency, says
+/// nowhere in the code, and a failing span's function is known.
+fn locate(answer: &str, results: &[ProbeResult]) -> String {
+    let Some(at) = answer.rfind("answer:") else {
+        return answer.to_owned();
+    };
+    let (before, line) = answer.split_at(at);
+    let Some((head, evidence)) = line.split_once('|') else {
+        return answer.to_owned();
+    };
+    let first = head["answer:".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or("");
+    if first.eq_ignore_ascii_case(taxonomy::NONE) || head.contains("@at") {
+        return answer.to_owned();
+    }
+    match failing_function(results) {
+        Some(function) => format!("{before}{} @at :{function} |{evidence}", head.trim_end()),
+        None => answer.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_are_located_at_the_failing_function() {
+        let results = vec![ProbeResult {
+            probe: "code",
+            digest: "code read_file tool x1 failed 1\ncode search tool x2".into(),
+        }];
+        assert_eq!(failing_function(&results).as_deref(), Some("read_file"));
+        assert_eq!(
+            locate("answer: P24 parsing.encoding | digests", &results),
+            "answer: P24 parsing.encoding @at :read_file | digests"
+        );
+        assert_eq!(
+            locate("answer: none | digests", &results),
+            "answer: none | digests"
+        );
+        let quiet = vec![ProbeResult {
+            probe: "code",
+            digest: "code search tool x2".into(),
+        }];
+        assert_eq!(
+            locate("answer: P27 tools.execution | d", &quiet),
+            "answer: P27 tools.execution | d"
+        );
+    }
 
     #[test]
     fn a_digest_keeps_every_signal_row_and_the_row_limit_note() {

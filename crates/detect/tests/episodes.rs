@@ -297,3 +297,66 @@ fn history_can_be_shared_across_a_run() {
         t.turns[0].observation.text
     );
 }
+
+/// `--references`: a run that acts as a healthy run of the same task does, span for span, is
+/// answered `none`; one that departs from it is answered with the step of its first differing
+/// span. The reference is never the trace itself.
+#[test]
+fn a_healthy_reference_clears_a_matching_run_and_places_a_departing_one() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traces.db");
+    let (failing, twin, healthy) = ("a".repeat(32), "b".repeat(32), "c".repeat(32));
+    let mut store = traces::Store::open(&path).unwrap();
+    let (spans, _) = detect::synthetic::scenario("P16", &failing, 3).unwrap();
+    store.import_spans(spans, "test").unwrap();
+    let (spans, _) = detect::synthetic::scenario("P16", &twin, 3).unwrap();
+    store.import_spans(spans, "test").unwrap();
+    // The same run with its failures repaired: where they were is where the run departs.
+    let (mut spans, _) = detect::synthetic::scenario("P16", &healthy, 3).unwrap();
+    let first_failure = spans
+        .iter()
+        .filter(|s| s.is_error())
+        .filter_map(|s| s.step)
+        .min();
+    for s in &mut spans {
+        s.status = traces::StatusCode::Ok;
+        s.status_message = None;
+        s.error_type = None;
+        s.error_message = None;
+        s.events.clear();
+    }
+    store.import_spans(spans, "test").unwrap();
+    drop(store);
+
+    let answer = |references: Option<Vec<String>>, trace: &str| {
+        let config = Config {
+            references: references.map(Arc::new),
+            ..Config::default()
+        };
+        let detector = Detector::new(&path, config, false).unwrap();
+        let t = detector
+            .investigate(trace, Box::new(ExpertPolicy::new()))
+            .unwrap();
+        match t.verdict() {
+            Some(Verdict::Deficiency {
+                deficiency_id,
+                step,
+                ..
+            }) => (deficiency_id.clone(), *step),
+            other => panic!("{other:?}"),
+        }
+    };
+    let alone = answer(None, &failing);
+    assert_eq!(alone.0, "P16");
+    assert_eq!(
+        answer(Some(vec![twin.clone(), failing.clone()]), &failing).0,
+        "none",
+        "an identical healthy run of the same task (itself never chosen)"
+    );
+    let placed = answer(Some(vec![healthy.clone()]), &failing);
+    assert_eq!(placed.0, "P16");
+    assert_eq!(placed.1, first_failure);
+    // Only itself as a reference: nothing to compare with, the answer it gives alone.
+    assert_eq!(answer(Some(vec![failing.clone()]), &failing), alone);
+}

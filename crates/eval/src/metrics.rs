@@ -1,5 +1,6 @@
 //! The paper's figures as pure functions of per-trace cases: detection accuracy (type),
-//! localisation accuracy (component, plus file and function when both sides name them),
+//! localisation accuracy (component; and code location, file and function, where a label names
+//! one),
 //! average tool calls, per-category accuracy (Table 6 categories from the catalog), the
 //! per-type confusion matrix, and for chat logs agent, exact-step and ±k step accuracy. Every
 //! figure carries a bootstrap interval. No I/O.
@@ -83,24 +84,43 @@ pub fn detected(case: &Case) -> bool {
     })
 }
 
-/// `None` when the label names no component (localisation is then undefined); otherwise
-/// whether the predicted component is the labelled one and, where both the label and the
-/// prediction name a file or function, those match too (files by path suffix, so `agent.py`
-/// matches `toolcaller/agent.py`).
+/// Component localisation: `None` when the label names no component (localisation is then
+/// undefined); otherwise whether the predicted component is the labelled one.
 pub fn localised(case: &Case) -> Option<bool> {
     let truth_component = case.truth.component.as_deref()?;
     let Some(p) = &case.predicted else {
         return Some(false);
     };
+    Some(p.component == truth_component)
+}
+
+/// Code localisation, the level a framework without a component mapping allows: `None` for a
+/// healthy trace or one whose label names neither a file nor a function; otherwise whether the
+/// answer names the labelled function (the last part of a qualified name: `Tools.read_file`
+/// matches `read_file`) and, where both sides name a file, the same file (by path suffix, so
+/// `/tmp/run/app/tools.py` matches `app/tools.py`). An answer naming no location misses.
+pub fn code_localised(case: &Case) -> Option<bool> {
+    if healthy(case) || (case.truth.file.is_none() && case.truth.function.is_none()) {
+        return None;
+    }
+    let Some(p) = &case.predicted else {
+        return Some(false);
+    };
+    if p.file.is_none() && p.function.is_none() {
+        return Some(false);
+    }
+    let last = |name: &str| name.rsplit(['.', ':']).next().unwrap_or(name).to_owned();
+    let function_ok = match (&case.truth.function, &p.function) {
+        (Some(t), Some(q)) => last(t) == last(q),
+        (Some(_), None) => false,
+        (None, _) => true,
+    };
     let file_ok = match (&case.truth.file, &p.file) {
         (Some(t), Some(q)) => same_file(t, q),
-        _ => true,
+        (Some(_), None) => case.truth.function.is_some(),
+        (None, _) => true,
     };
-    let function_ok = match (&case.truth.function, &p.function) {
-        (Some(t), Some(q)) => t == q,
-        _ => true,
-    };
-    Some(p.component == truth_component && file_ok && function_ok)
+    Some(function_ok && file_ok)
 }
 
 /// Agent blame: `None` for a healthy trace or one whose label names no agent; otherwise whether
@@ -253,6 +273,9 @@ pub struct Summary {
     pub false_positive_rate: Option<Estimate>,
     /// Over the traces whose label names a component.
     pub localisation: Option<Estimate>,
+    /// Over the deficient traces whose label names a file or a function ([`code_localised`]).
+    #[serde(default)]
+    pub code_localisation: Option<Estimate>,
     pub tool_calls: Option<Estimate>,
     /// Over the deficient traces whose label names a step: the answer's step is the labelled
     /// one, or within one step of it.
@@ -282,6 +305,10 @@ pub fn summarise(cases: &[Case], catalog: &taxonomy::Catalog, b: &Bootstrap) -> 
         healthy: fp.len(),
         false_positive_rate: bootstrap::proportion(&fp, b),
         localisation: bootstrap::proportion(&loc, b),
+        code_localisation: bootstrap::proportion(
+            &cases.iter().filter_map(code_localised).collect::<Vec<_>>(),
+            b,
+        ),
         tool_calls: bootstrap::mean(&calls, b),
         step_exact: bootstrap::proportion(&step(0), b),
         step_within_one: bootstrap::proportion(&step(1), b),
@@ -543,18 +570,38 @@ mod tests {
     }
 
     #[test]
-    fn file_and_function_count_only_when_both_sides_name_them() {
+    fn code_location_is_scored_apart_from_the_component() {
         let mut c = case(
             "P16",
             Some("tools.schema"),
             Some(("P16", "tools.schema")),
             0,
         );
-        assert_eq!(localised(&c), Some(true));
-        c.predicted.as_mut().unwrap().file = Some("agent.py".into());
-        assert_eq!(localised(&c), Some(true));
+        c.truth.file = None;
+        assert_eq!(code_localised(&c), None, "the label names no code location");
+        c.truth.file = Some("toolcaller/agent.py".into());
+        c.truth.function = Some("run_tools".into());
+        assert_eq!(code_localised(&c), Some(false), "the answer names none");
+        c.predicted.as_mut().unwrap().function = Some("Agent.run_tools".into());
+        assert_eq!(
+            code_localised(&c),
+            Some(true),
+            "the function alone, by its last part"
+        );
+        c.predicted.as_mut().unwrap().file = Some("/tmp/run/toolcaller/agent.py".into());
+        assert_eq!(code_localised(&c), Some(true), "file by path suffix");
         c.predicted.as_mut().unwrap().file = Some("other/tools.py".into());
-        assert_eq!(localised(&c), Some(false));
+        assert_eq!(code_localised(&c), Some(false), "a wrong file");
+        assert_eq!(
+            localised(&c),
+            Some(true),
+            "the component is scored on its own"
+        );
+        c.predicted.as_mut().unwrap().function = Some("other".into());
+        c.predicted.as_mut().unwrap().file = Some("agent.py".into());
+        assert_eq!(code_localised(&c), Some(false), "a wrong function");
+        c.truth.deficiency_id = "none".into();
+        assert_eq!(code_localised(&c), None, "healthy traces have no location");
     }
 
     #[test]

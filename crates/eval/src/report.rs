@@ -128,7 +128,11 @@ pub fn store_markdown(r: &StoreReport) -> String {
             "False-positive rate (healthy traces called deficient)",
             pct(&s.false_positive_rate),
         ),
-        ("Localisation accuracy", pct(&s.localisation)),
+        ("Localisation accuracy (component)", pct(&s.localisation)),
+        (
+            "Code localisation (file and function)",
+            pct(&s.code_localisation),
+        ),
         (
             "Step localisation, exact (where it first shows)",
             pct(&s.step_exact),
@@ -257,7 +261,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
         return String::new();
     };
     let mut out = format!(
-        "# Comparison\n\nStore: `{}`; traces: {}. {}\n\n| Detector | Switched off | Detection acc. | 95% CI | Δ detection vs. full | 95% CI | False-positive rate | 95% CI | Localisation acc. | 95% CI | Avg. tool calls | 95% CI |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "# Comparison\n\nStore: `{}`; traces: {}. {}\n\n| Detector | Switched off | Detection acc. | 95% CI | Δ detection vs. full | 95% CI | False-positive rate | 95% CI | Localisation acc. | 95% CI | Code location | 95% CI | Avg. tool calls | 95% CI |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         first.store,
         first.summary.traces,
         interval_note(&first.bootstrap)
@@ -283,6 +287,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
         let (det, det_ci, _) = pct(&s.detection);
         let (fpr, fpr_ci, _) = pct(&s.false_positive_rate);
         let (loc, loc_ci, _) = pct(&s.localisation);
+        let (code, code_ci, _) = pct(&s.code_localisation);
         let (calls, calls_ci, _) = number(&s.tool_calls);
         let off = if run.ablations.is_empty() {
             "—".to_string()
@@ -290,7 +295,7 @@ pub fn comparison_markdown(runs: &[StoreReport]) -> String {
             run.ablations.join(", ")
         };
         out.push_str(&format!(
-            "| {} | {off} | {det} | {det_ci} | {dv} | {dci} | {fpr} | {fpr_ci} | {loc} | {loc_ci} | {calls} | {calls_ci} |\n",
+            "| {} | {off} | {det} | {det_ci} | {dv} | {dci} | {fpr} | {fpr_ci} | {loc} | {loc_ci} | {code} | {code_ci} | {calls} | {calls_ci} |\n",
             run.detector
         ));
     }

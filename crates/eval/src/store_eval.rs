@@ -317,6 +317,8 @@ pub fn tool_calls(transcript: &Transcript) -> usize {
 pub struct RunOptions {
     pub detector: String,
     pub ablations: Ablations,
+    /// Healthy runs the detector may compare with ([`detect::Config::references`]).
+    pub references: Option<std::sync::Arc<Vec<String>>>,
 }
 
 /// Investigates each trace with a fresh policy and scores the verdict. `on_done` is called
@@ -348,6 +350,7 @@ pub fn run_transcribed(
     }
     let config = Config {
         ablations: options.ablations,
+        references: options.references.clone(),
         ..Config::default()
     };
     run_policies_transcribed(
@@ -415,11 +418,14 @@ pub fn case_of(t: &Labelled, transcript: &Transcript) -> Case {
             deficiency_id,
             component,
             step,
+            location,
             ..
         }) => Some(Prediction {
             deficiency_id: deficiency_id.clone(),
             component: component.clone(),
             step: *step,
+            file: location.as_ref().and_then(|l| l.file.clone()),
+            function: location.as_ref().and_then(|l| l.function.clone()),
             ..Prediction::default()
         }),
         _ => None,
@@ -529,6 +535,76 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("elsewhere"), "{err}");
+    }
+
+    /// A framework that maps onto none of our components and records no code locations: the
+    /// importer takes the failing tool's location from its exception's stack trace, the expert
+    /// answers with it, and code localisation credits it against the label's file and function.
+    #[test]
+    fn foreign_traces_are_localised_to_the_code_their_exceptions_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
+        let stack = "Traceback (most recent call last):\n  File \"/venv/lib/python3.11/site-packages/fw/tools.py\", line 80, in call\n    return fn(**args)\n  File \"/tmp/run/app/tools.py\", line 97, in read_file\n    lines = path.read_text(encoding='utf-8')\n  File \"/usr/lib/python3.11/pathlib.py\", line 1059, in read_text\nUnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9";
+        let span = |id: &str,
+                    parent: Option<&str>,
+                    name: &str,
+                    start: u64,
+                    attrs: serde_json::Value,
+                    failed: bool| {
+            let mut s = serde_json::json!({
+                "traceId": trace, "spanId": id, "name": name,
+                "startTimeUnixNano": (start * 1_000_000).to_string(),
+                "endTimeUnixNano": ((start + 1) * 1_000_000).to_string(),
+                "attributes": attrs,
+            });
+            if let Some(p) = parent {
+                s["parentSpanId"] = p.into();
+            }
+            if failed {
+                s["status"] = serde_json::json!({"code": 2, "message": "UnicodeDecodeError"});
+                s["events"] = serde_json::json!([{"name": "exception", "timeUnixNano": "1",
+                    "attributes": [
+                        {"key": "exception.type", "value": {"stringValue": "UnicodeDecodeError"}},
+                        {"key": "exception.message", "value": {"stringValue": "'utf-8' codec can't decode byte 0xe9"}},
+                        {"key": "exception.stacktrace", "value": {"stringValue": stack}}]}]);
+            }
+            s
+        };
+        let kv = |k: &str, v: &str| serde_json::json!({"key": k, "value": {"stringValue": v}});
+        let doc = serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+            span("00000000000000a1", None, "invoke_agent app", 0,
+                 serde_json::json!([kv("gen_ai.operation.name", "invoke_agent")]), true),
+            span("00000000000000a2", Some("00000000000000a1"), "chat model", 1,
+                 serde_json::json!([kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m")]), false),
+            span("00000000000000a3", Some("00000000000000a1"), "execute_tool read_file", 2,
+                 serde_json::json!([kv("gen_ai.operation.name", "execute_tool"), kv("gen_ai.tool.name", "read_file"),
+                                    kv("gen_ai.tool.call.arguments", "{\"path\": \"notes.md\"}")]), true),
+        ]}]}]});
+        let otlp = dir.path().join("run.json");
+        std::fs::write(&otlp, doc.to_string()).unwrap();
+        let db = dir.path().join("s.sqlite");
+        traces::Store::open(&db)
+            .unwrap()
+            .import_file(&otlp, traces::Format::Otlp)
+            .unwrap();
+        let labels = dir.path().join("labels.jsonl");
+        std::fs::write(
+            &labels,
+            format!("{{\"trace_id\": \"{trace}\", \"deficiency_id\": \"P24\", \"component\": \"parsing.encoding\", \"file\": \"app/tools.py\", \"function\": \"read_file\"}}\n"),
+        )
+        .unwrap();
+        let catalog = taxonomy::Catalog::embedded().unwrap();
+        let read = read_labels(&labels, &db, &catalog, None).unwrap();
+        let options = RunOptions {
+            detector: "expert".into(),
+            ablations: Ablations::default(),
+            references: None,
+        };
+        let cases = run(&db, &read.traces, &options, |_| {}).unwrap();
+        let predicted = cases[0].predicted.as_ref().expect("a verdict");
+        assert_eq!(predicted.file.as_deref(), Some("/tmp/run/app/tools.py"));
+        assert_eq!(predicted.function.as_deref(), Some("read_file"));
+        assert_eq!(crate::metrics::code_localised(&cases[0]), Some(true));
     }
 
     #[test]

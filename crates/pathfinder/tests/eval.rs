@@ -6,6 +6,16 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The expert's report as JSON, with few resamples (the figures' intervals are not checked here).
+const EXPERT_AS_JSON: &[&str] = &[
+    "eval",
+    "--json",
+    "--detector",
+    "expert",
+    "--resamples",
+    "50",
+];
+
 fn pathfinder() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pathfinder"))
 }
@@ -442,14 +452,7 @@ fn a_label_file_scores_a_store_without_labels_and_names_what_it_lacks() {
     let file = dir.path().join("labels.jsonl");
     std::fs::write(&file, lines.join("\n")).unwrap();
     let report: Value = serde_json::from_str(&run_ok(
-        &[
-            "eval",
-            "--json",
-            "--detector",
-            "expert",
-            "--resamples",
-            "50",
-        ],
+        EXPERT_AS_JSON,
         &[("--db", &bare), ("--labels", &file)],
     ))
     .unwrap();
@@ -486,4 +489,39 @@ fn a_label_file_scores_a_store_without_labels_and_names_what_it_lacks() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 2") && err.contains("Q7"), "{err}");
+
+    // Healthy references: the expert runs without and with them, side by side on the same
+    // traces; a reference the store lacks is refused before anything runs.
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let refs = dir.path().join("references.jsonl");
+    std::fs::write(&refs, format!("{{\"trace_id\": \"{}\"}}\n", built[0].0)).unwrap();
+    let report: Value = serde_json::from_str(&run_ok(
+        EXPERT_AS_JSON,
+        &[
+            ("--db", &bare),
+            ("--labels", &file),
+            ("--references", &refs),
+        ],
+    ))
+    .unwrap();
+    let names: Vec<&str> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["detector"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["expert", "expert+references"]);
+    std::fs::write(&refs, "{\"trace_id\": \"never-imported\"}\n").unwrap();
+    let out = pathfinder()
+        .args(["eval", "--detector", "expert", "--db"])
+        .arg(&bare)
+        .arg("--labels")
+        .arg(&file)
+        .arg("--references")
+        .arg(&refs)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("never-imported"), "{err}");
 }

@@ -186,6 +186,7 @@ fn an_episode_records_the_exact_tokens_and_demonstrations_follow_the_grammar() {
             deficiency_id,
             component,
             step: None,
+            location: None,
             evidence,
         },
         other => other,

@@ -183,6 +183,7 @@ mod tests {
             deficiency_id: answer.into(),
             component: "tools.schema".into(),
             step: None,
+            location: None,
             evidence: "e".into(),
         };
         Transcript {

@@ -145,6 +145,101 @@ pub(crate) fn fill_from(span: &mut Span, attrs: &impl Attributes) {
     if span.error_message.is_none() && span.status == StatusCode::Error {
         span.error_message = span.status_message.clone();
     }
+    // A framework that records no code location still records where an exception was
+    // raised: the innermost frame of application code in its stack trace.
+    if span.code_filepath.is_none() && span.code_function.is_none() {
+        let stack = attrs.text(STACKTRACE_KEY).or_else(|| {
+            span.events.iter().find_map(|event| {
+                (event.get("name").and_then(Value::as_str) == Some("exception"))
+                    .then(|| event.pointer("/attributes/exception.stacktrace"))
+                    .flatten()
+                    .and_then(value_text)
+            })
+        });
+        if let Some(frame) = stack.as_deref().and_then(application_frame) {
+            span.code_filepath = Some(frame.file);
+            span.code_function = frame.function;
+            if span.code_lineno.is_none() {
+                span.code_lineno = frame.line;
+            }
+        }
+    }
+}
+
+const STACKTRACE_KEY: &str = "exception.stacktrace";
+
+/// One frame of a stack trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub file: String,
+    pub function: Option<String>,
+    pub line: Option<i64>,
+}
+
+/// Paths of code that is not the application's: installed packages, the language's own
+/// library, frames without a file.
+fn library_path(path: &str) -> bool {
+    const MARKERS: &[&str] = &[
+        "site-packages/",
+        "dist-packages/",
+        "/lib/python3",
+        "/lib/python2",
+        "node_modules/",
+        "node:",
+        "<frozen",
+        "<string>",
+        "<stdin>",
+        "internal/",
+    ];
+    path.is_empty() || MARKERS.iter().any(|m| path.contains(m))
+}
+
+/// The innermost frame of application code in a Python or JavaScript stack trace (Python
+/// prints the innermost frame last, JavaScript first); `None` when every frame is library
+/// code or the text holds no frame.
+pub fn application_frame(stack: &str) -> Option<Frame> {
+    let python: Vec<Frame> = stack.lines().filter_map(python_frame).collect();
+    if !python.is_empty() {
+        return python.into_iter().rev().find(|f| !library_path(&f.file));
+    }
+    stack
+        .lines()
+        .filter_map(javascript_frame)
+        .find(|f| !library_path(&f.file))
+}
+
+/// `  File "app/tools.py", line 12, in read_file`
+fn python_frame(line: &str) -> Option<Frame> {
+    let rest = line.trim_start().strip_prefix("File \"")?;
+    let (file, rest) = rest.split_once('"')?;
+    let rest = rest.strip_prefix(", line ")?;
+    let (number, function) = match rest.split_once(", in ") {
+        Some((n, f)) => (n, Some(f.trim().to_owned())),
+        None => (rest, None),
+    };
+    Some(Frame {
+        file: file.to_owned(),
+        function: function.filter(|f| !f.is_empty() && f != "<module>"),
+        line: number.trim().parse().ok(),
+    })
+}
+
+/// `    at readFile (/app/tools.js:12:5)` or `    at /app/tools.js:12:5`
+fn javascript_frame(line: &str) -> Option<Frame> {
+    let rest = line.trim_start().strip_prefix("at ")?;
+    let (function, location) = match rest.strip_suffix(')').and_then(|r| r.rsplit_once(" (")) {
+        Some((f, loc)) => (Some(f.trim().to_owned()), loc),
+        None => (None, rest.trim()),
+    };
+    let mut parts = location.rsplitn(3, ':');
+    let _column = parts.next()?;
+    let line_number = parts.next()?.parse().ok();
+    let file = parts.next()?.to_owned();
+    Some(Frame {
+        file,
+        function,
+        line: line_number,
+    })
 }
 
 /// The span's attributes plus every model field that no attribute of its convention carries
@@ -221,6 +316,49 @@ mod tests {
         let mut span = Span::new("t", "s", "n", kind);
         span.attributes = attrs.as_object().unwrap().clone();
         span
+    }
+
+    #[test]
+    fn code_location_from_the_innermost_application_frame() {
+        let stack = "Traceback (most recent call last):\n  File \"/tmp/x/qa_agent/__main__.py\", line 40, in main\n    run()\n  File \"/tmp/x/qa_agent/tools.py\", line 97, in read_file\n    lines = target.read_text()\n  File \"/usr/lib/python3.11/pathlib.py\", line 1059, in read_text\n    return f.read()\n  File \"<frozen codecs>\", line 322, in decode\nUnicodeDecodeError: 'ascii' codec can't decode byte 0xc3";
+        let mut span = Span::new("t", "s", "execute_tool read_file", SpanKind::Tool);
+        span.events = vec![json!({"name": "exception", "attributes": {
+            "exception.type": "UnicodeDecodeError", "exception.stacktrace": stack}})];
+        fill_from_attributes(&mut span);
+        assert_eq!(
+            span.code_filepath.as_deref(),
+            Some("/tmp/x/qa_agent/tools.py")
+        );
+        assert_eq!(span.code_function.as_deref(), Some("read_file"));
+        assert_eq!(span.code_lineno, Some(97));
+
+        // A location the span records itself wins; library-only stacks name nothing.
+        let mut own = span_with(
+            json!({"code.filepath": "a.py", "code.function": "f",
+            "exception.stacktrace": stack}),
+            SpanKind::Tool,
+        );
+        fill_from_attributes(&mut own);
+        assert_eq!(
+            (own.code_filepath.as_deref(), own.code_function.as_deref()),
+            (Some("a.py"), Some("f"))
+        );
+        let library = "  File \"/v/lib/python3.11/site-packages/pkg/m.py\", line 3, in g\n";
+        assert_eq!(application_frame(library), None);
+
+        let js = "TypeError: x is undefined\n    at parse (/app/src/answer.js:12:5)\n    at node:internal/main:1:1";
+        assert_eq!(
+            application_frame(js),
+            Some(Frame {
+                file: "/app/src/answer.js".into(),
+                function: Some("parse".into()),
+                line: Some(12)
+            })
+        );
+        assert_eq!(
+            application_frame("    at /app/run.js:3:9").map(|f| f.function),
+            Some(None)
+        );
     }
 
     #[test]

@@ -286,6 +286,7 @@ fn verdict_card(
             deficiency_id,
             component,
             step,
+            location,
             evidence,
         }) => {
             out.push_str("<p>type ");
@@ -309,6 +310,11 @@ fn verdict_card(
                 if let Some(truth) = label.and_then(|l| l.step) {
                     mark(out, Some((step - truth).abs() <= 1));
                 }
+                out.push_str("</p>");
+            }
+            if let Some(location) = location {
+                out.push_str("<p>in the code at ");
+                escape_into(out, &location.render());
                 out.push_str("</p>");
             }
             if !evidence.is_empty() {

@@ -92,6 +92,7 @@ fn p16() -> Verdict {
         deficiency_id: "P16".into(),
         component: "tools.schema".into(),
         step: None,
+        location: None,
         evidence: "table_lookup fails <validate> twice".into(),
     }
 }
@@ -199,6 +200,7 @@ fn evaluation_page_marks_verdicts_against_the_label_side_by_side() {
         deficiency_id: "C3".into(),
         component: "tools.output".into(),
         step: None,
+        location: None,
         evidence: "guess".into(),
     };
     let answers = [

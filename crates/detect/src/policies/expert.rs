@@ -22,7 +22,7 @@ struct Probe {
 const PROBES: &[Probe] = &[
     Probe {
         thought: "Start with the trace's shape: size, errors, steps and the mix of span kinds, and the steps where the model is first called and where the first error shows.",
-        call: "sql: SELECT span_count, error_count, COALESCE(max_step, 0) AS max_step,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'tool') AS tool_spans,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'llm') AS llm_spans,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND kind = 'llm'), -1) AS first_llm_step,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND is_error = 1), -1) AS first_error_step\nFROM traces WHERE trace_id = {T}",
+        call: "sql: SELECT span_count, error_count, COALESCE(max_step, 0) AS max_step,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'tool') AS tool_spans,\n  (SELECT COUNT(*) FROM spans WHERE trace_id = {T} AND kind = 'llm') AS llm_spans,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND kind = 'llm'), -1) AS first_llm_step,\n  COALESCE((SELECT MIN(step) FROM spans WHERE trace_id = {T} AND is_error = 1), -1) AS first_error_step,\n  COALESCE((SELECT code_filepath || ':' || COALESCE(code_function, '') FROM spans WHERE trace_id = {T} AND is_error = 1 AND code_filepath IS NOT NULL ORDER BY end_time_ns, depth DESC LIMIT 1), '-') AS error_code,\n  COALESCE((SELECT tool_name FROM spans WHERE trace_id = {T} AND is_error = 1 AND kind = 'tool' ORDER BY end_time_ns, depth DESC LIMIT 1), '-') AS error_tool\nFROM traces WHERE trace_id = {T}",
         count_as: None,
     },
     Probe {
@@ -72,6 +72,15 @@ const PROBES: &[Probe] = &[
     },
 ];
 
+/// With a healthy reference run (`{R}`): the first span, in `seq` order, that acts differently
+/// — its name, kind, tool or arguments, or for a span without children its status or error
+/// (a run or step fails because a child failed, and the child is where it shows) — and the two
+/// runs' sizes and failures. Span names lose their spaces, so each value is one word.
+const REFERENCE_PROBE: &str = "sql: WITH a AS (SELECT seq, COALESCE(step, -1) AS step, replace(name, ' ', '_') AS name, kind, status_code AS st, COALESCE(error_type, '') AS err, COALESCE(tool_name, '') AS tool, COALESCE(tool_arguments, '') AS args,\n    EXISTS (SELECT 1 FROM spans c WHERE c.trace_id = s.trace_id AND c.parent_span_id = s.span_id) AS parent FROM spans s WHERE trace_id = {T}),\n  b AS (SELECT seq, replace(name, ' ', '_') AS name, kind, status_code AS st, COALESCE(error_type, '') AS err, COALESCE(tool_name, '') AS tool, COALESCE(tool_arguments, '') AS args FROM spans WHERE trace_id = {R}),\n  d AS (SELECT a.seq, a.step, a.name, COALESCE(b.name, 'nothing') AS ref_name FROM a LEFT JOIN b ON a.seq = b.seq\n    WHERE b.seq IS NULL OR a.name <> b.name OR a.kind <> b.kind OR a.tool <> b.tool OR a.args <> b.args OR (NOT a.parent AND (a.st <> b.st OR a.err <> b.err)) ORDER BY a.seq LIMIT 1)\nSELECT (SELECT COUNT(*) FROM a) AS spans, (SELECT COUNT(*) FROM b) AS ref_spans,\n  (SELECT COUNT(*) FROM a WHERE st = 'ERROR') AS errors, (SELECT COUNT(*) FROM b WHERE st = 'ERROR') AS ref_errors,\n  COALESCE((SELECT seq FROM d), -1) AS departs_seq, COALESCE((SELECT step FROM d), -1) AS departs_step,\n  COALESCE((SELECT name FROM d), '-') AS departs_at, COALESCE((SELECT ref_name FROM d), '-') AS ref_at,\n  COALESCE((SELECT step FROM a ORDER BY seq DESC LIMIT 1), -1) AS last_step";
+
+/// Types whose only trace may be in token counts, which two healthy runs need not share.
+const COUNT_ONLY_TYPES: &[&str] = &["P1", "P6", "P8", "P10"];
+
 /// Index of the probe after which the expert may delegate a look at the failing spans.
 const DELEGATE_AFTER: usize = 1;
 
@@ -80,6 +89,8 @@ pub struct ExpertPolicy {
     features: BTreeMap<String, String>,
     next_probe: usize,
     delegated: bool,
+    /// The healthy reference compared with (its id, and whether it ran the same task).
+    compared: Option<(String, bool)>,
     awaiting: Option<Pending>,
     /// On a chat log: the blame probes made so far, and the per-turn table read back.
     blame_calls: usize,
@@ -88,6 +99,7 @@ pub struct ExpertPolicy {
 
 enum Pending {
     Probe(usize),
+    Reference,
     Delegate,
     BlameOverview,
     BlameTurns,
@@ -137,6 +149,11 @@ impl ExpertPolicy {
                     "subagent_summary".into(),
                     obs.lines().next().unwrap_or("").to_string(),
                 );
+            }
+            Pending::Reference => {
+                for (k, v) in one_row(obs) {
+                    self.features.insert(format!("ref:{k}"), v);
+                }
             }
             Pending::BlameOverview => {
                 for (k, v) in one_row(obs) {
@@ -382,6 +399,10 @@ impl ExpertPolicy {
     /// trace records no steps.
     fn at_step(&self) -> String {
         let step = |k: &str| self.text(k).parse::<i64>().ok().filter(|s| *s >= 0);
+        // A healthy run of the same task says where this one departs from it.
+        if let Some(s) = self.departure_step() {
+            return format!(" @step {s}");
+        }
         let first = if self.num("error_count") > 0 {
             step("first_error_step").or_else(|| step("first_step"))
         } else {
@@ -392,9 +413,57 @@ impl ExpertPolicy {
             .map_or(String::new(), |s| format!(" @step {s}"))
     }
 
+    /// Where in the code the failure shows: the code location of the first failing span that
+    /// records one (a framework that records none still gives the innermost application frame
+    /// of its exception, which the importer reads), else the first failing tool, named as the
+    /// function that implements it. Empty for a run without errors.
+    fn at_code(&self) -> String {
+        // `-` is the probe's mark for "none" (an empty cell would shift the row's columns).
+        let given = |k: &str| Some(self.text(k)).filter(|v| !v.is_empty() && *v != "-");
+        if let Some(code) = given("error_code").filter(|c| *c != ":") {
+            format!(" @at {}", code.trim_end_matches(':'))
+        } else if let Some(tool) = given("error_tool") {
+            format!(" @at :{tool}")
+        } else {
+            String::new()
+        }
+    }
+
+    /// Whether the reference was of the same task and this run acts as it does, span for span.
+    fn matches_reference(&self) -> bool {
+        matches!(self.compared, Some((_, true)))
+            && self.text("ref:departs_seq") == "-1"
+            && self.text("ref:spans") == self.text("ref:ref_spans")
+    }
+
+    /// The step at which this run departs from a healthy run of the same task: its first
+    /// differing span's, or its last span's when it stops short of the reference.
+    fn departure_step(&self) -> Option<i64> {
+        if !matches!(self.compared, Some((_, true))) {
+            return None;
+        }
+        let n = |k: &str| self.text(k).parse::<i64>().ok();
+        match n("ref:departs_seq") {
+            Some(s) if s >= 0 => n("ref:departs_step").filter(|s| *s >= 0),
+            _ if n("ref:spans") < n("ref:ref_spans") => n("ref:last_step").filter(|s| *s >= 0),
+            _ => None,
+        }
+    }
+
     fn verdict(&self) -> String {
-        let at = self.at_step();
-        match self.hypotheses().first() {
+        let at = format!("{}{}", self.at_step(), self.at_code());
+        let top = self.hypotheses().into_iter().next();
+        if self.matches_reference()
+            && !top
+                .as_ref()
+                .is_some_and(|(_, id, _, _)| COUNT_ONLY_TYPES.contains(id))
+        {
+            let reference = self.compared.as_ref().map_or("", |(id, _)| id.as_str());
+            return format!(
+                "The run acts as a healthy run of the same task does, span for span.\nanswer: none | same spans, tools, arguments and outcomes as healthy run {reference}"
+            );
+        }
+        match top {
             Some((_, id, component, why)) => {
                 let others: Vec<String> = self.hypotheses().iter().skip(1).take(2).map(|(s, id, _, _)| format!("{id} ({s})")).collect();
                 let note = if others.is_empty() { String::new() } else { format!(" Weaker candidates: {}.", others.join(", ")) };
@@ -448,6 +517,23 @@ impl Policy for ExpertPolicy {
                 "{}\n{}",
                 probe.thought,
                 probe.call.replace("{T}", &quote(view.trace_id))
+            ));
+        }
+        if let (None, Some(reference), true, true) =
+            (&self.compared, view.reference, sql, view.turns_left > 1)
+        {
+            self.compared = Some((reference.trace_id.clone(), reference.same_task));
+            self.awaiting = Some(Pending::Reference);
+            let of = if reference.same_task {
+                "the same task"
+            } else {
+                "the same agent on another task"
+            };
+            return Ok(format!(
+                "Compare with a healthy run of {of}: where does this run first act differently?\n{}",
+                REFERENCE_PROBE
+                    .replace("{T}", &quote(view.trace_id))
+                    .replace("{R}", &quote(&reference.trace_id))
             ));
         }
         Ok(self.verdict())

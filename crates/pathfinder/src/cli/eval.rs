@@ -33,6 +33,12 @@ pub struct EvalArgs {
     /// import`). Labels of traces the store lacks are listed in the report.
     #[arg(long, requires = "db", value_name = "FILE")]
     pub labels: Option<PathBuf>,
+    /// Healthy runs of the same store to compare with (JSON Lines with `trace_id`, e.g. the
+    /// corpus's healthy.jsonl, or a user's known-good runs): the expert runs once without and
+    /// once with them (`expert+references`), side by side, on the same traces. Each investigation gets the reference of the same framework and task (else the
+    /// same framework); a trace is never its own reference.
+    #[arg(long, requires = "db", value_name = "FILE")]
+    pub references: Option<PathBuf>,
     /// Table 8: evaluate only the traces this agent produced (the label's `source.agent`), for
     /// a detector trained without it.
     #[arg(long, requires = "db", value_name = "NAME")]
@@ -399,15 +405,33 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
             db.display()
         );
     }
-    let bar = progress(
-        traces.len() * detectors.len() * settings.len(),
-        "investigating",
-    );
+    let references = match &args.references {
+        Some(file) => Some(std::sync::Arc::new(read_references(file, db)?)),
+        None => None,
+    };
+    let builtins = named
+        .iter()
+        .filter(|n| matches!(n, Named::Builtin(name) if name == "expert"))
+        .count();
+    let runs = detectors.len() + usize::from(references.is_some()) * builtins;
+    let bar = progress(traces.len() * runs * settings.len(), "investigating");
     let mut reports = Vec::new();
     // Per run (aligned with `reports`): the transcripts by trace, kept only for the HTML pages.
     let want_pages = args.out.is_some();
     let mut transcripts: Vec<HashMap<String, detect::Transcript>> = Vec::new();
+    // (the name reported, the detector, the healthy runs it may compare with)
+    let mut runs: Vec<(String, &Named, Option<References>)> = Vec::new();
     for (detector, kind) in detectors.iter().zip(&named) {
+        runs.push((detector.clone(), kind, None));
+        // Only the expert compares with a reference run (keyword reads no trace but its own).
+        if let (Some(refs), Named::Builtin(name)) = (&references, kind) {
+            if name != "expert" {
+                continue;
+            }
+            runs.push((format!("{detector}+references"), kind, Some(refs.clone())));
+        }
+    }
+    for (detector, kind, references) in &runs {
         for (ablations, ablation_names) in &settings {
             let on_done = |case: &metrics::Case| {
                 bar.set_message(format!("{detector} {}", case.trace_id));
@@ -425,6 +449,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     let options = store_eval::RunOptions {
                         detector: name.clone(),
                         ablations: *ablations,
+                        references: references.clone(),
                     };
                     store_eval::run_transcribed(db, &traces, &options, transcribed)
                         .map_err(anyhow::Error::from)
@@ -440,7 +465,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     };
                     eval_models::load_baseline(path).and_then(|pm| {
                         match &embedder {
-                            Some(e) if *kind == Named::Rag => {
+                            Some(e) if **kind == Named::Rag => {
                                 baselines::rag(db, &traces, pm, e, &options, transcribed)
                             }
                             _ => baselines::zero_shot(db, &traces, pm, &options, transcribed),
@@ -515,6 +540,32 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
     })
 }
 
+/// Healthy runs an investigation may compare with ([`detect::Config::references`]).
+type References = std::sync::Arc<Vec<String>>;
+
+/// The reference runs of `--references`: trace ids, each of which the store must hold.
+fn read_references(file: &Path, db: &Path) -> Result<Vec<String>> {
+    let ids = store_eval::read_split(file)?;
+    let store =
+        traces::Store::open_read_only(db).with_context(|| format!("opening {}", db.display()))?;
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| matches!(store.trace_json(id), Err(traces::Error::UnknownTrace(_))))
+        .collect();
+    if let Some(first) = missing.first() {
+        bail!(
+            "{}: {} reference run(s) are not in {} (the first: {first})",
+            file.display(),
+            missing.len(),
+            db.display()
+        );
+    }
+    if ids.is_empty() {
+        bail!("{}: names no reference run", file.display());
+    }
+    Ok(ids)
+}
+
 /// One HTML page per evaluated trace under `DIR/traces/` (the trace, every run's
 /// investigation and verdict side by side, the ground truth) and `DIR/index.html` listing them.
 fn write_pages(
@@ -555,6 +606,11 @@ fn write_pages(
                             deficiency_id: p.deficiency_id.clone(),
                             component: p.component.clone(),
                             step: p.step,
+                            location: detect::CodeLocation::parse(&format!(
+                                "{}:{}",
+                                p.file.as_deref().unwrap_or_default(),
+                                p.function.as_deref().unwrap_or_default()
+                            )),
                             evidence: String::new(),
                         }),
                     outcome: case.outcome.clone(),
