@@ -62,7 +62,7 @@ pub struct Config {
     /// Traces of the store known to be healthy (a user's good runs). When given, each
     /// investigation is handed the one most like the trace under investigation (see
     /// [`Reference`]) to compare with; never the trace itself.
-    pub references: Option<Arc<Vec<String>>>,
+    pub references: Option<Arc<References>>,
 }
 
 impl Default for Config {
@@ -156,13 +156,59 @@ pub struct Reference {
 /// A run's framework, task and first model request: what makes two runs comparable.
 type RunIdentity = (Option<String>, Option<String>, Option<String>);
 
+/// Healthy runs of one store to compare with. Their identities are read from the store once,
+/// at the first investigation, not once per investigation.
+#[derive(Debug, Default)]
+pub struct References {
+    ids: Vec<String>,
+    identities: std::sync::OnceLock<Vec<(String, RunIdentity)>>,
+}
+
+impl References {
+    pub fn new(ids: Vec<String>) -> References {
+        References {
+            ids,
+            identities: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    fn identities(
+        &self,
+        read: &mut impl FnMut(&str) -> rusqlite::Result<Option<RunIdentity>>,
+    ) -> rusqlite::Result<&[(String, RunIdentity)]> {
+        if self.identities.get().is_none() {
+            let mut known = Vec::with_capacity(self.ids.len());
+            for id in &self.ids {
+                if let Some(identity) = read(id)? {
+                    known.push((id.clone(), identity));
+                }
+            }
+            // Two investigations may race to fill it; both read the same store.
+            let _ = self.identities.set(known);
+        }
+        Ok(self.identities.get().map_or(&[], Vec::as_slice))
+    }
+}
+
+impl PartialEq for References {
+    fn eq(&self, other: &References) -> bool {
+        self.ids == other.ids
+    }
+}
+
+impl Eq for References {}
+
 /// The reference for `trace_id` among `references`: a run of the same framework and task if
 /// there is one, else of the same framework; the smallest id among equals, so the choice is
 /// reproducible. `None` when no reference shares the framework.
 pub fn choose_reference(
     conn: &rusqlite::Connection,
     trace_id: &str,
-    references: &[String],
+    references: &References,
 ) -> rusqlite::Result<Option<Reference>> {
     let mut about = conn.prepare_cached(
         "SELECT framework, task, (SELECT input FROM spans s WHERE s.trace_id = t.trace_id AND s.kind = 'llm' ORDER BY seq LIMIT 1) \
@@ -178,18 +224,12 @@ pub fn choose_reference(
         return Ok(None);
     };
     let mut best: Option<(bool, &String)> = None;
-    for candidate in references {
-        if candidate == trace_id {
-            continue;
-        }
-        let Some((f, t, first)) = read(candidate)? else {
-            continue;
-        };
-        if f != framework {
+    for (candidate, (f, t, first)) in references.identities(&mut read)? {
+        if candidate == trace_id || *f != framework {
             continue;
         }
         let same_task =
-            (task.is_some() && t == task) || (first_request.is_some() && first == first_request);
+            (task.is_some() && *t == task) || (first_request.is_some() && *first == first_request);
         let better = match best {
             None => true,
             Some((b_same, b_id)) => {

@@ -31,7 +31,7 @@ pub mod synthetic;
 pub mod transcript;
 
 pub use action::{Action, CodeLocation, Verdict};
-pub use env::{Ablations, Config, Investigation, Observation, Reference, Role, Status};
+pub use env::{Ablations, Config, Investigation, Observation, Reference, References, Role, Status};
 pub use episode::{Detector, Policy, View};
 pub use error::{Error, Result};
 pub use transcript::{Outcome, Transcript, TurnRecord};

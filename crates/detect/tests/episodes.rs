@@ -331,7 +331,7 @@ fn a_healthy_reference_clears_a_matching_run_and_places_a_departing_one() {
 
     let answer = |references: Option<Vec<String>>, trace: &str| {
         let config = Config {
-            references: references.map(Arc::new),
+            references: references.map(|ids| Arc::new(detect::References::new(ids))),
             ..Config::default()
         };
         let detector = Detector::new(&path, config, false).unwrap();

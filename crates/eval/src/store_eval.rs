@@ -318,7 +318,7 @@ pub struct RunOptions {
     pub detector: String,
     pub ablations: Ablations,
     /// Healthy runs the detector may compare with ([`detect::Config::references`]).
-    pub references: Option<std::sync::Arc<Vec<String>>>,
+    pub references: Option<std::sync::Arc<detect::References>>,
 }
 
 /// Investigates each trace with a fresh policy and scores the verdict. `on_done` is called

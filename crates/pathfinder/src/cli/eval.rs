@@ -406,21 +406,13 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         );
     }
     let references = match &args.references {
-        Some(file) => Some(std::sync::Arc::new(read_references(file, db)?)),
+        Some(file) => Some(std::sync::Arc::new(detect::References::new(
+            read_references(file, db)?,
+        ))),
         None => None,
     };
-    let builtins = named
-        .iter()
-        .filter(|n| matches!(n, Named::Builtin(name) if name == "expert"))
-        .count();
-    let runs = detectors.len() + usize::from(references.is_some()) * builtins;
-    let bar = progress(traces.len() * runs * settings.len(), "investigating");
-    let mut reports = Vec::new();
-    // Per run (aligned with `reports`): the transcripts by trace, kept only for the HTML pages.
-    let want_pages = args.out.is_some();
-    let mut transcripts: Vec<HashMap<String, detect::Transcript>> = Vec::new();
     // (the name reported, the detector, the healthy runs it may compare with)
-    let mut runs: Vec<(String, &Named, Option<References>)> = Vec::new();
+    let mut runs: Vec<(String, &Named, Option<std::sync::Arc<detect::References>>)> = Vec::new();
     for (detector, kind) in detectors.iter().zip(&named) {
         runs.push((detector.clone(), kind, None));
         // Only the expert compares with a reference run (keyword reads no trace but its own).
@@ -431,6 +423,11 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
             runs.push((format!("{detector}+references"), kind, Some(refs.clone())));
         }
     }
+    let bar = progress(traces.len() * runs.len() * settings.len(), "investigating");
+    let mut reports = Vec::new();
+    // Per run (aligned with `reports`): the transcripts by trace, kept only for the HTML pages.
+    let want_pages = args.out.is_some();
+    let mut transcripts: Vec<HashMap<String, detect::Transcript>> = Vec::new();
     for (detector, kind, references) in &runs {
         for (ablations, ablation_names) in &settings {
             let on_done = |case: &metrics::Case| {
@@ -539,9 +536,6 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
         charts,
     })
 }
-
-/// Healthy runs an investigation may compare with ([`detect::Config::references`]).
-type References = std::sync::Arc<Vec<String>>;
 
 /// The reference runs of `--references`: trace ids, each of which the store must hold.
 fn read_references(file: &Path, db: &Path) -> Result<Vec<String>> {
