@@ -8,10 +8,13 @@
 pub mod chatlogs;
 pub mod confusability;
 pub mod departure;
+pub mod episode;
 pub mod features;
 pub mod generate;
 pub mod keyword;
 pub mod parquet;
+pub mod planning;
+pub mod publish;
 pub mod sweep;
 pub mod validate;
 
@@ -19,6 +22,6 @@ pub use confusability::Confusability;
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
     clean_trace_path, episode_dir_name, generate, manifest_path, plan, CorpusError, EpisodeRunner,
-    Finish, GenerateOptions, Manifest, Planned, Report,
+    Finish, GenerateOptions, Manifest, Planned, Ran, Report, RunSummary,
 };
 pub use validate::{Check, NonTriviality, Validation};

@@ -223,6 +223,7 @@ mod tests {
             end: "answer".into(),
             success: true,
             features: Default::default(),
+            contained: Vec::new(),
         };
         let mut validation = Validation::not_applied(String::new());
         validation.applies = Check::pass("applied");

@@ -26,8 +26,7 @@ use serde_json::Value;
 use taxonomy::Catalog;
 
 use crate::generate::{
-    io, manifest_path, read_manifest, write_atomic, CorpusError, EpisodeRunner, GenerateOptions,
-    Manifest, Planned,
+    io, read_manifest, write_atomic, CorpusError, EpisodeRunner, GenerateOptions, Manifest, Planned,
 };
 use crate::validate;
 
@@ -132,7 +131,7 @@ pub fn sweep(
     options: &GenerateOptions,
     only: Option<&BTreeSet<(String, String)>>,
     out: &Path,
-    mut on_episode: impl FnMut(usize, usize, &Manifest),
+    on_episode: impl FnMut(usize, usize, &Manifest) + Send,
 ) -> Result<Sweep, CorpusError> {
     let out = &std::path::absolute(out).map_err(io(out))?;
     std::fs::create_dir_all(out).map_err(io(out))?;
@@ -158,26 +157,14 @@ pub fn sweep(
             .expect("serialises")
             .as_bytes(),
     )?;
-    let mut runner = EpisodeRunner::new(workspace, catalog, options, out)?;
-    let total = planned.episodes.len();
-    let mut manifests = Vec::with_capacity(total);
-    for (i, ep) in planned.episodes.iter().enumerate() {
-        let manifest_path = manifest_path(out, &ep.id);
-        let m = if manifest_path.exists() {
-            read_manifest(&manifest_path)?
-        } else {
-            let m = runner.run(ep)?;
-            write_atomic(
-                &manifest_path,
-                serde_json::to_string_pretty(&m)
-                    .expect("serialises")
-                    .as_bytes(),
-            )?;
-            m
-        };
-        on_episode(i + 1, total, &m);
-        manifests.push(m);
+    let runner = EpisodeRunner::new(workspace, catalog, options, out)?;
+    let slots = runner.resume(&planned.episodes, None, on_episode)?;
+    if slots.iter().any(Option::is_none) {
+        return Err(CorpusError::Plan(
+            "the sweep was interrupted; run the same command again to resume".into(),
+        ));
     }
+    let manifests: Vec<Manifest> = slots.into_iter().flatten().collect();
     let result = summarise(catalog, options, &manifests)?;
     write_atomic(
         &out.join("sweep.json"),

@@ -13,6 +13,10 @@ fn root() -> PathBuf {
 }
 
 fn options(max_episodes: Option<usize>) -> GenerateOptions {
+    options_on(max_episodes, runner::BackendChoice::Auto)
+}
+
+fn options_on(max_episodes: Option<usize>, backend: runner::BackendChoice) -> GenerateOptions {
     GenerateOptions {
         agents: vec!["toolcaller".into()],
         types: vec!["P2".into(), "P24".into()],
@@ -25,6 +29,11 @@ fn options(max_episodes: Option<usize>) -> GenerateOptions {
         timeout: Duration::from_secs(60),
         max_episodes,
         llm: None,
+        isolation: runner::ExecutorOptions {
+            backend,
+            recipe: root().join("infra/base-image.toml"),
+            ..runner::ExecutorOptions::default()
+        },
     }
 }
 
@@ -131,9 +140,18 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     assert_eq!(split_rows, 1);
 
     // Interrupted after one episode, then killed in the middle of the next (a directory
-    // without a manifest and a half-built store), then resumed.
+    // without a manifest and a half-built store), then resumed. The first part runs in the
+    // local sandbox and the rest on the default backend (Docker where an engine answers):
+    // the backend is no part of the corpus, which comes out the same.
     let b = tmp.path().join("b");
-    let first = generate(&workspace, &catalog, &options(Some(1)), &b, |_, _, _| {}).unwrap();
+    let first = generate(
+        &workspace,
+        &catalog,
+        &options_on(Some(1), runner::BackendChoice::Local),
+        &b,
+        |_, _, _| {},
+    )
+    .unwrap();
     assert!(matches!(
         first,
         Finish::Interrupted {
@@ -187,7 +205,7 @@ fn a_model_written_diff_runs_like_the_template_it_rewrites_and_garbage_is_reject
     let workspace = Workspace::open(&root().join("agents")).unwrap();
     let catalog = Catalog::embedded().unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let mut runner =
+    let runner =
         corpus::EpisodeRunner::new(&workspace, &catalog, &options(None), tmp.path()).unwrap();
     let plan = corpus::plan(&workspace, &catalog, &options(None)).unwrap();
     let ep = plan

@@ -30,6 +30,10 @@ fn sweeps_every_template_over_its_tasks_and_resumes() {
         timeout: Duration::from_secs(60),
         max_episodes: None,
         llm: None,
+        isolation: runner::ExecutorOptions {
+            recipe: root().join("infra/base-image.toml"),
+            ..runner::ExecutorOptions::default()
+        },
     };
     let plan = plan_sweep(&workspace, &catalog, &options, None).unwrap();
     let ids: Vec<&str> = plan.episodes.iter().map(|e| e.id.as_str()).collect();

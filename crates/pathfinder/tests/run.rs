@@ -37,6 +37,51 @@ fn docker_available() -> bool {
     answers
 }
 
+/// Waits until process `child` has at least `n` containers running, failing if it ends first
+/// or `within` passes.
+fn await_containers(child: &mut std::process::Child, n: usize, within: Duration) {
+    let started = Instant::now();
+    while containers_of(child.id()).len() < n {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                std::io::Read::read_to_string(&mut e, &mut stderr).unwrap();
+            }
+            panic!("the run ended before {n} containers were seen ({status}): {stderr}");
+        }
+        assert!(
+            started.elapsed() < within,
+            "{n} containers never started within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGINT to `child` and waits (at most `within`) for it to exit; its status and stderr.
+fn interrupt(
+    mut child: std::process::Child,
+    within: Duration,
+) -> (std::process::ExitStatus, String) {
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the interrupted run did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().unwrap();
+    (status, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
 /// Containers whose label marks them as created by process `pid`.
 fn containers_of(pid: u32) -> Vec<String> {
     let out = Command::new("docker")
@@ -155,38 +200,8 @@ fn an_interrupted_batch_leaves_no_container() {
         .unwrap();
     let pid = child.id();
     let started = Instant::now();
-    while containers_of(pid).len() < 3 {
-        if let Some(status) = child.try_wait().unwrap() {
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "the batch ended early ({status}): {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "three containers never started"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let kill = Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the interrupted batch did not exit within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    await_containers(&mut child, 3, Duration::from_secs(120));
+    let (status, stderr) = interrupt(child, Duration::from_secs(60));
     assert!(!status.success());
     eprintln!("--- child stderr after {:?}:\n{stderr}", started.elapsed());
     assert!(stderr.contains("interrupted"), "{stderr}");
@@ -319,20 +334,8 @@ fn an_interrupted_local_batch_leaves_no_process() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the interrupted batch did not exit within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(String::from_utf8_lossy(&output.stderr).contains("interrupted"));
+    let (_, stderr) = interrupt(child, Duration::from_secs(30));
+    assert!(stderr.contains("interrupted"), "{stderr}");
     // Killed processes may take a moment to be reaped by the kernel.
     let deadline = Instant::now() + Duration::from_secs(5);
     while !processes_mentioning(&marker).is_empty() {
@@ -397,4 +400,67 @@ fn without_an_engine_the_local_sandbox_is_chosen_with_a_notice() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr)
         .contains("--backend docker: no Docker engine answers"));
+}
+
+#[test]
+fn an_interrupted_corpus_run_leaves_no_container_and_resumes() {
+    if !docker_available() {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let corpus = out.path().join("corpus");
+    let args: Vec<String> = [
+        "corpus",
+        "generate",
+        "--agents",
+        "toolcaller",
+        "--types",
+        "P2,P19",
+        "--tasks",
+        "1",
+        "--no-keyword",
+        "--templates-dir",
+        "crates/inject/tests/fixtures/templates",
+        "--backend",
+        "docker",
+        "-j",
+        "2",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([corpus.to_string_lossy().into_owned()])
+    .collect();
+    let mut child = pathfinder()
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Interrupt while an episode's container runs.
+    await_containers(&mut child, 1, Duration::from_secs(180));
+    let (status, stderr) = interrupt(child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: every sandbox removed"),
+        "{stderr}"
+    );
+    // (Only this process's: the other tests of this binary run containers meanwhile.)
+    assert_eq!(containers_of(pid), Vec::<String>::new(), "{stderr}");
+    assert!(
+        !corpus.join("digest").exists(),
+        "published although interrupted"
+    );
+
+    // The same command resumes and completes.
+    let resumed = pathfinder().args(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    assert!(
+        resumed.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert!(stdout.contains("episodes valid"), "{stdout}");
+    assert!(corpus.join("digest").exists());
 }

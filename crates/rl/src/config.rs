@@ -159,6 +159,10 @@ pub struct RunSection {
     /// Wall-clock limit of one agent run, seconds.
     #[serde(default = "sixty")]
     pub agent_timeout_secs: u64,
+    /// Where live episodes' agents run: `auto` (Docker when an engine answers, else the
+    /// bubblewrap sandbox), `docker` or `local` (the sandbox). Never a plain process.
+    #[serde(default = "auto")]
+    pub backend: String,
     /// Healthy traces the Detector investigates per step beside the injected ones: the clean
     /// runs that validation already made for the step's valid injections, each (agent, task)
     /// once per run and never a held-out healthy trace's twin. Without them every live trace
@@ -172,6 +176,9 @@ fn one() -> u64 {
 }
 fn sixty() -> u64 {
     60
+}
+fn auto() -> String {
+    "auto".into()
 }
 fn separate() -> Topology {
     Topology::Separate
@@ -525,6 +532,9 @@ impl RunConfig {
         if self.run.checkpoint_every == 0 {
             return bad("run.checkpoint_every", "must be at least 1");
         }
+        if let Err(reason) = runner::BackendChoice::parse(&self.run.backend) {
+            return bad("run.backend", &reason);
+        }
         if !matches!(self.model.dtype.as_str(), "f32" | "bf16") {
             return bad("model.dtype", "must be `f32` or `bf16`");
         }
@@ -681,6 +691,8 @@ mod tests {
                 "detector.decision",
             ),
             ("[injector]\nfocus = \"confusion\"\n", "injector.focus"),
+            // Still in MINIMAL's [run] table.
+            ("backend = \"vm\"\n", "run.backend"),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()

@@ -187,6 +187,7 @@ impl Environment {
         out: &Path,
         seed: u64,
         timeout: Duration,
+        backend: runner::BackendChoice,
     ) -> Result<Environment> {
         let workspace = Workspace::open(&root.join("agents")).map_err(env_err)?;
         let catalog = Catalog::embedded().map_err(env_err)?;
@@ -257,6 +258,14 @@ impl Environment {
             timeout,
             max_episodes: None,
             llm: None,
+            // A ctrl-C during training removes the live episodes' sandboxes before it ends the
+            // process (checkpoints are written atomically; the run resumes from the last).
+            isolation: runner::ExecutorOptions {
+                backend,
+                recipe: root.join("infra/base-image.toml"),
+                exit_on_interrupt: true,
+                ..runner::ExecutorOptions::default()
+            },
         };
         let runner = EpisodeRunner::new(&workspace, &catalog, &options, out).map_err(env_err)?;
         Ok(Environment {
@@ -481,6 +490,7 @@ mod tests {
             &dir.path().join("live"),
             0,
             Duration::from_secs(5),
+            runner::BackendChoice::Local,
         )
         .unwrap();
         let info = env.agent(agent).unwrap().clone();

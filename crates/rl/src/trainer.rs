@@ -944,6 +944,7 @@ impl Trainer {
             &self.live_dir(),
             self.config.run.seed,
             Duration::from_secs(self.config.run.agent_timeout_secs),
+            runner::BackendChoice::parse(&self.config.run.backend).map_err(RlError::Environment)?,
         )?;
         if !self.config.eval.corpus.is_empty() {
             let prior = CorpusPrior::read(

@@ -1,6 +1,6 @@
 //! The containment monitor: a Python audit hook (`sitecustomize`) that records every attempt
-//! an episode's Python processes make to reach the network other than the LLM socket, and the
-//! parser of what it recorded. The sandbox is what blocks; this is what lets a run report it.
+//! an episode's Python processes make to reach the network other than the LLM socket or to
+//! write outside the episode's directory and `/tmp`, and the parser of what it recorded. The sandbox is what blocks; this is what lets a run report it.
 
 use std::path::Path;
 
@@ -88,5 +88,48 @@ mod tests {
             ["network: x", "line 3: unreadable audit record"]
         );
         assert!(read_log(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn hook_records_writes_outside_the_episode_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sitecustomize.py"), SITECUSTOMIZE).unwrap();
+        let episode = dir.path().join("episode");
+        std::fs::create_dir_all(episode.join("work")).unwrap();
+        let log = episode.join("audit.jsonl");
+        let outside = dir.path().join("outside.txt");
+        let repo = episode.join("repo");
+        std::fs::create_dir_all(&repo).unwrap();
+        let script = format!(
+            "import os\n\
+             open({inside:?}, 'w').write('ok')\n\
+             open({outside:?}, 'a').write('x')\n\
+             open({outside:?}).read()\n\
+             os.remove({outside:?})\n\
+             os.open(os.devnull, os.O_WRONLY)\n\
+             open({planted:?}, 'w').write('x')\n",
+            inside = episode.join("work/answer.txt").to_str().unwrap(),
+            outside = outside.to_str().unwrap(),
+            planted = repo.join("planted.py").to_str().unwrap(),
+        );
+        let status = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(&script)
+            .env("PYTHONPATH", dir.path())
+            .env("PATHFINDER_AUDIT_LOG", &log)
+            .env("PATHFINDER_AUDIT_WRITABLE", &episode)
+            .env("PATHFINDER_AUDIT_READ_ONLY", &repo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let o = outside.to_str().unwrap();
+        assert_eq!(
+            read_log(&log),
+            [
+                format!("filesystem: write to {o}"),
+                format!("filesystem: remove of {o}"),
+                format!("filesystem: write to {}", repo.join("planted.py").display()),
+            ]
+        );
     }
 }

@@ -30,6 +30,18 @@ pub enum BackendChoice {
     Local,
 }
 
+impl BackendChoice {
+    /// `auto`, `docker` or `local` (configuration files and flags).
+    pub fn parse(text: &str) -> Result<BackendChoice, String> {
+        match text {
+            "auto" => Ok(BackendChoice::Auto),
+            "docker" => Ok(BackendChoice::Docker),
+            "local" => Ok(BackendChoice::Local),
+            other => Err(format!("backend {other:?}: expected auto, docker or local")),
+        }
+    }
+}
+
 /// Where the image recipe and the apt configuration are.
 #[derive(Debug, Clone)]
 pub struct ImageInputs<'a> {

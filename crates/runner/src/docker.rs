@@ -25,7 +25,10 @@ use crate::cancel::Cancel;
 use crate::episode::{EpisodeSpec, Job, JobRun, SandboxPaths};
 use crate::image::AUDIT_DIR;
 
-/// Every container the runner creates carries this label (value `1`).
+/// Every container the runner creates carries this label (value `1`), so that
+/// `docker ps -a --filter label=pathfinder` lists whatever a run left behind.
+pub const LABEL_PROJECT: &str = "pathfinder";
+/// Every container the runner creates carries this label too (value `1`).
 pub const LABEL_RUNNER: &str = "pathfinder.runner";
 /// The episode a container belongs to.
 pub const LABEL_EPISODE: &str = "pathfinder.episode";
@@ -217,6 +220,7 @@ impl DockerBackend {
         let mut cmd = vec!["timeout".to_string(), "-s".into(), "KILL".into(), backstop];
         cmd.extend(job.argv.iter().cloned());
         let labels = HashMap::from([
+            (LABEL_PROJECT.to_string(), "1".to_string()),
             (LABEL_RUNNER.to_string(), "1".to_string()),
             (LABEL_EPISODE.to_string(), spec.id.clone()),
             (LABEL_BATCH.to_string(), self.batch.clone()),

@@ -9,13 +9,13 @@ use agents::judge::Judgement;
 use agents::process::ProcessEnd;
 use agents::run::{self, AgentCommand, CommandInputs, RunLayout, RunOutcome, RunSpec};
 use agents::Task;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::cancel::Cancel;
 
 /// Resource limits of one episode's sandbox.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub memory_bytes: u64,
     /// CPU share in cores (the Docker backend enforces it; the local one does not).
@@ -38,6 +38,13 @@ mod millis {
         s: S,
     ) -> Result<S::Ok, S::Error> {
         s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<std::time::Duration, D::Error> {
+        let ms = <u64 as serde::Deserialize>::deserialize(d)?;
+        Ok(std::time::Duration::from_millis(ms))
     }
 }
 
@@ -149,13 +156,21 @@ pub struct JobRun {
 }
 
 /// What the sandbox had to stop, as reported to the user and in `outcome.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Containment {
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// A process ended on a `MemoryError` (the local sandbox's address-space limit refused an
+    /// allocation; from the audit hook).
+    #[serde(default)]
+    pub out_of_memory: bool,
     pub pids_limit_hits: Option<u64>,
     /// Blocked attempts to reach anything but the LLM socket (from the audit hook).
     pub network_attempts: Vec<String>,
+    /// Writes, removals and renames outside the episode's directory and `/tmp` (from the
+    /// audit hook); the read-only root refuses them on Docker and bubblewrap.
+    #[serde(default)]
+    pub filesystem_attempts: Vec<String>,
 }
 
 impl Containment {
@@ -163,8 +178,10 @@ impl Containment {
     pub fn contained_something(&self) -> bool {
         self.timed_out
             || self.oom_killed
+            || self.out_of_memory
             || self.pids_limit_hits.unwrap_or(0) > 0
             || !self.network_attempts.is_empty()
+            || !self.filesystem_attempts.is_empty()
     }
 
     /// One clause per contained behaviour.
@@ -182,6 +199,12 @@ impl Containment {
                 limits.memory_bytes >> 20
             ));
         }
+        if self.out_of_memory {
+            out.push(format!(
+                "ran out of memory at its limit ({} MiB)",
+                limits.memory_bytes >> 20
+            ));
+        }
         if let Some(n) = self.pids_limit_hits.filter(|n| *n > 0) {
             out.push(format!(
                 "{n} process creations refused at the pids limit ({})",
@@ -191,12 +214,16 @@ impl Containment {
         for attempt in &self.network_attempts {
             out.push(format!("blocked network access ({attempt})"));
         }
+        for attempt in &self.filesystem_attempts {
+            let what = attempt.strip_prefix("filesystem: ").unwrap_or(attempt);
+            out.push(format!("tried to write outside its episode ({what})"));
+        }
         out
     }
 }
 
 /// Wall-clock accounting of an episode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
     /// From the start of the episode until its trace was collected.
     pub until_collected_ms: f64,
@@ -208,8 +235,8 @@ pub struct Timing {
     pub total_ms: f64,
 }
 
-/// An episode's result, also written to `OUT/outcome.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An episode's result, also written to `OUT/outcome.json` (and read back by [`Self::read`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpisodeOutcome {
     pub id: String,
     pub backend: String,
@@ -223,6 +250,12 @@ pub struct EpisodeOutcome {
 }
 
 impl EpisodeOutcome {
+    /// Reads back the `outcome.json` [`run_episode`] wrote.
+    pub fn read(path: &Path) -> Result<EpisodeOutcome, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// One line for the terminal.
     pub fn summary(&self) -> String {
         let verdict = if self.run.success {
@@ -306,6 +339,14 @@ pub fn sandbox_env(paths: &SandboxPaths, home: &Path) -> Vec<(String, String)> {
             s(&paths.out_dir.join("audit.jsonl")),
         ),
         ("PATHFINDER_AUDIT_ALLOW_UNIX".into(), s(&paths.llm_socket)),
+        (
+            "PATHFINDER_AUDIT_WRITABLE".into(),
+            format!("{}:/tmp", s(&paths.out_dir)),
+        ),
+        (
+            "PATHFINDER_AUDIT_READ_ONLY".into(),
+            format!("{}:{}", s(&paths.repo), s(&paths.corpus)),
+        ),
     ]
 }
 
@@ -431,11 +472,24 @@ pub async fn run_episode(
         _ => run::judge(&run_spec, &layout, agent.end, &collected),
     };
 
+    let (mut network_attempts, mut filesystem_attempts) = (Vec::new(), Vec::new());
+    let mut out_of_memory = false;
+    for record in crate::audit::read_log(&audit_log) {
+        if record.starts_with("filesystem: ") {
+            filesystem_attempts.push(record);
+        } else if record.starts_with("memory: ") {
+            out_of_memory = true;
+        } else {
+            network_attempts.push(record);
+        }
+    }
     let containment = Containment {
         timed_out: agent.end == ProcessEnd::TimedOut,
         oom_killed: agent.oom_killed,
+        out_of_memory,
         pids_limit_hits: agent.pids_limit_hits,
-        network_attempts: crate::audit::read_log(&audit_log),
+        network_attempts,
+        filesystem_attempts,
     };
     let run = RunOutcome {
         agent: spec.agent.clone(),
@@ -493,8 +547,10 @@ mod tests {
         let c = Containment {
             timed_out: true,
             oom_killed: false,
+            out_of_memory: false,
             pids_limit_hits: Some(81),
             network_attempts: vec!["network: socket.connect to ('192.0.2.1', 9)".into()],
+            filesystem_attempts: vec!["filesystem: write to /etc/passwd".into()],
         };
         assert!(c.contained_something());
         assert_eq!(
@@ -503,6 +559,7 @@ mod tests {
                 "ran past its 5 s timeout and was killed",
                 "81 process creations refused at the pids limit (64)",
                 "blocked network access (network: socket.connect to ('192.0.2.1', 9))",
+                "tried to write outside its episode (write to /etc/passwd)",
             ]
         );
     }
@@ -541,5 +598,7 @@ mod tests {
             env["PATHFINDER_AUDIT_ALLOW_UNIX"],
             "/run/pathfinder/llm.sock"
         );
+        assert_eq!(env["PATHFINDER_AUDIT_WRITABLE"], "/episode:/tmp");
+        assert_eq!(env["PATHFINDER_AUDIT_READ_ONLY"], "/agent:/corpus");
     }
 }

@@ -10,6 +10,9 @@
 //!   rlimits — whatever the machine allows) when no engine answers.
 //! - [`episode`]: one agent on one task, judged and recorded; [`batch`]: many at once,
 //!   bounded, with a progress bar and interruption handling.
+//! - [`executor`]: the same, blocking, for corpus generation and the trainer's live episodes:
+//!   one backend and endpoint per run, episodes from several threads, interruption that
+//!   removes every sandbox before the process ends.
 //! - [`audit`]: the in-sandbox monitor that lets a run report blocked network attempts.
 //!
 //! Depends on `agents` (command lines, run layout, result collection, judging) and
@@ -23,6 +26,7 @@ pub mod cancel;
 pub mod docker;
 pub mod endpoint;
 pub mod episode;
+pub mod executor;
 pub mod image;
 pub mod local;
 pub mod plan;
@@ -36,5 +40,6 @@ pub use endpoint::{LlmChoice, LlmEndpoint};
 pub use episode::{
     run_episode, Containment, EpisodeError, EpisodeOutcome, EpisodeSpec, Limits, Timing,
 };
+pub use executor::{default_jobs, Executor, ExecutorError, ExecutorOptions};
 pub use recipe::ImageRecipe;
 pub use session::{run_blocking, RunRequest, SessionError, SessionReport, TaskSelection};

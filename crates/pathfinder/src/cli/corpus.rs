@@ -10,6 +10,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use corpus::{Finish, GenerateOptions};
 use indicatif::{ProgressBar, ProgressStyle};
+use runner::ExecutorOptions;
+
+use crate::cli::run::BackendArg;
 use taxonomy::Catalog;
 
 #[derive(Debug, Args)]
@@ -66,6 +69,8 @@ struct EpisodeArgs {
     agents_dir: PathBuf,
     #[arg(long, value_name = "DIR", default_value = "deficiencies/templates")]
     templates_dir: PathBuf,
+    /// The interpreter that checks injected code's syntax (agents run on the sandbox's own
+    /// python3).
     #[arg(long, default_value = "python3")]
     python: String,
     /// Wall-clock limit of one agent run, in seconds.
@@ -76,6 +81,20 @@ struct EpisodeArgs {
     /// judged by each task's checker as always; a task the model fails clean gives no baseline.
     #[arg(long, value_name = "URL")]
     llm: Option<String>,
+    /// Where agents run: a fresh container per run (docker), the bubblewrap sandbox (local),
+    /// or Docker when an engine answers and the sandbox otherwise (auto). Never a plain
+    /// process: the code the Injector changed runs there.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Episodes running at once (default: the number of cores).
+    #[arg(long, short = 'j', value_name = "N")]
+    jobs: Option<usize>,
+    /// The base image recipe (Docker).
+    #[arg(long, value_name = "FILE", default_value = "infra/base-image.toml")]
+    recipe: PathBuf,
+    /// Where the apt configuration naming the Debian archive lives (Docker image builds).
+    #[arg(long, value_name = "DIR", default_value = "/etc/apt")]
+    apt_root: PathBuf,
 }
 
 impl EpisodeArgs {
@@ -105,6 +124,14 @@ impl EpisodeArgs {
             timeout: Duration::from_secs(self.timeout),
             max_episodes: None,
             llm: self.llm.clone(),
+            isolation: ExecutorOptions {
+                backend: self.backend.choice(),
+                recipe: std::path::absolute(&self.recipe)
+                    .with_context(|| format!("{}", self.recipe.display()))?,
+                apt_root: self.apt_root.clone(),
+                jobs: self.jobs.unwrap_or_else(runner::default_jobs).max(1),
+                exit_on_interrupt: true,
+            },
         };
         Ok((workspace, catalog, options))
     }
@@ -331,6 +358,16 @@ fn generate(args: GenerateArgs) -> Result<()> {
                     } else {
                         format!(" (failed: {})", failures.join(", "))
                     }
+                );
+            }
+            for cost in &report.sandbox {
+                println!(
+                    "sandbox: {} ran {} agent runs; overhead per run p50 {:.0} ms, p90 {:.0} ms (the agent itself p50 {:.0} ms)",
+                    cost.backend,
+                    cost.runs,
+                    cost.overhead_p50_ms,
+                    cost.overhead_p90_ms,
+                    cost.agent_p50_ms
                 );
             }
             if !report.uncovered.is_empty() {

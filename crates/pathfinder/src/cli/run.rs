@@ -17,6 +17,16 @@ pub enum BackendArg {
     Local,
 }
 
+impl BackendArg {
+    pub fn choice(self) -> BackendChoice {
+        match self {
+            BackendArg::Auto => BackendChoice::Auto,
+            BackendArg::Docker => BackendChoice::Docker,
+            BackendArg::Local => BackendChoice::Local,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The agent (a directory of --agents-dir with an agent.toml).
@@ -107,11 +117,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         },
         seeds: (args.seed..args.seed + args.repeat).collect(),
         artifact: args.artifact,
-        backend: match args.backend {
-            BackendArg::Auto => BackendChoice::Auto,
-            BackendArg::Docker => BackendChoice::Docker,
-            BackendArg::Local => BackendChoice::Local,
-        },
+        backend: args.backend.choice(),
         llm,
         model: args.model,
         concurrency: args.concurrency,
