@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use traces::{Span, StatusCode};
 
 /// The features of one trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,31 +50,32 @@ impl TraceFeatures {
         self.errors.values().sum()
     }
 
-    /// Reads a trace file; unparsable lines are skipped (the run's trace check reports them).
+    /// Reads a trace file through the trace model ([`traces::Span`]); lines that are no
+    /// valid span are skipped (the run's trace check reports them).
     pub fn from_file(path: &Path) -> std::io::Result<TraceFeatures> {
         let text = String::from_utf8_lossy(&std::fs::read(path)?).into_owned();
         Ok(TraceFeatures::from_jsonl(&text))
     }
 
+    /// The features of an agent's JSON Lines trace (see [`TraceFeatures::from_spans`]).
     pub fn from_jsonl(text: &str) -> TraceFeatures {
-        let mut spans: Vec<Value> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(Value::is_object)
-            .collect();
+        TraceFeatures::from_spans(&traces::import::spans_lenient(text))
+    }
+
+    /// The features of one run's spans, in any order (they are put in each agent's start
+    /// order here).
+    pub fn from_spans(spans: &[Span]) -> TraceFeatures {
+        let mut spans: Vec<&Span> = spans.iter().collect();
         // Each agent's spans in its own start order: agents that work in parallel (research's
         // researchers) interleave differently from run to run, and that order is no behaviour.
         spans.sort_by_cached_key(|s| {
             let agent = s
-                .pointer("/attributes/gen_ai.agent.name")
+                .attributes
+                .get("gen_ai.agent.name")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_owned();
-            let start = s
-                .get("start_time_unix_nano")
-                .and_then(Value::as_i64)
-                .unwrap_or(0);
-            (agent, start)
+            (agent, s.start_time_ns.unwrap_or(0))
         });
         let mut f = TraceFeatures {
             spans: spans.len(),
@@ -81,21 +83,15 @@ impl TraceFeatures {
             ..TraceFeatures::default()
         };
         let mut steps = std::collections::BTreeSet::new();
-        for span in &spans {
-            let attrs = span.get("attributes").cloned().unwrap_or(Value::Null);
-            let attr = |k: &str| attrs.get(k);
-            let name = span.get("name").and_then(Value::as_str).unwrap_or("");
+        for span in spans {
+            let attr = |k: &str| span.attributes.get(k);
+            let name = span.name.as_str();
             *f.span_names.entry(name.to_owned()).or_insert(0) += 1;
             if let Some(step) = attr("pathfinder.step_index").and_then(Value::as_i64) {
                 steps.insert(step);
             }
-            let status = span
-                .get("status")
-                .and_then(|s| s.get("code"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
             let kind = attr("error.type").and_then(Value::as_str).unwrap_or(name);
-            if status == "ERROR" {
+            if span.status == StatusCode::Error {
                 *f.errors.entry(kind.to_owned()).or_insert(0) += 1;
             } else if attr("exception.message").is_some() || attr("pathfinder.fallback").is_some() {
                 *f.errors.entry(format!("handled {kind}")).or_insert(0) += 1;

@@ -78,6 +78,23 @@ pub(super) fn parse(source: &str, text: &str) -> Result<Batch> {
     Ok(batch)
 }
 
+/// The spans of a JSON Lines text read leniently: a line that is no valid span (the
+/// half-written last line of a run that was killed, say) is passed over instead of failing
+/// the whole text. For readers that must take a run as it was left (corpus validation
+/// compares such runs); imports stay strict.
+pub fn spans_lenient(text: &str) -> Vec<Span> {
+    text.split('\n')
+        .enumerate()
+        .filter_map(|(index, raw)| {
+            let line = raw.strip_suffix('\r').unwrap_or(raw);
+            if line.trim().is_empty() {
+                return None;
+            }
+            parsed_span("", line, index + 1).ok()
+        })
+        .collect()
+}
+
 /// The ordinary path: attributes parsed into the span's map; errors name line and column.
 fn parsed_span(source: &str, line: &str, line_no: usize) -> Result<Span> {
     let mut parsed: Line<'_, Map<String, Value>> = serde_json::from_str(line).map_err(|err| {
@@ -335,6 +352,19 @@ mod tests {
         assert_eq!(span.error_type.as_deref(), Some("TimeoutError"));
         assert_eq!(span.step, Some(2));
         assert_eq!(batch.spans[0].origin, "line 1");
+    }
+
+    #[test]
+    fn lenient_reading_passes_over_lines_that_are_no_span() {
+        let half = &LINE[..LINE.len() / 2];
+        let no_id = LINE.replace(r#""span_id":"00000000000000a1","#, "");
+        let text = format!("{LINE}\n\n{no_id}\nnot json\n{LINE}\r\n{half}");
+        // The strict reader refuses the text; the lenient one keeps the two whole spans.
+        assert!(parse("t.jsonl", &text).is_err());
+        let spans = spans_lenient(&text);
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].error_type.as_deref(), Some("TimeoutError"));
+        assert_eq!(spans[1].attributes["pathfinder.step_index"], 2);
     }
 
     /// The fast path must give exactly the span the ordinary path gives, attributes included.

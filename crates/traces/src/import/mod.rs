@@ -4,6 +4,8 @@
 
 mod chatlog;
 mod jsonl;
+
+pub use jsonl::spans_lenient;
 mod otlp;
 
 use std::collections::HashMap;
