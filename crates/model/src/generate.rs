@@ -19,6 +19,10 @@ pub struct SamplingParams {
     pub top_p: Option<f32>,
     /// Seed of the sampler; the same seed, prompts and model give the same output.
     pub seed: u64,
+    /// One seed per row instead: each row gets its own sampler, so a row samples what it
+    /// would have sampled alone with that seed, whatever else is in the batch. Empty: one
+    /// sampler from `seed` for the whole batch.
+    pub row_seeds: Vec<u64>,
     /// Generation of a row stops once its decoded text contains one of these; the returned
     /// text is cut before it.
     pub stop_sequences: Vec<String>,
@@ -34,6 +38,7 @@ impl Default for SamplingParams {
             top_k: None,
             top_p: None,
             seed: 0,
+            row_seeds: vec![],
             stop_sequences: vec![],
             stop_token_ids: None,
         }
@@ -198,8 +203,23 @@ impl Model {
             cache.truncate_row(r, common);
             chunks.push(prompt[common..].to_vec());
         }
+        if !params.row_seeds.is_empty() && params.row_seeds.len() != prompts.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} row seeds for {} prompts",
+                params.row_seeds.len(),
+                prompts.len()
+            )));
+        }
         let mut logits = self.feed(cache, &chunks)?;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(params.seed);
+        let mut rngs: Vec<rand::rngs::StdRng> = if params.row_seeds.is_empty() {
+            vec![rand::rngs::StdRng::seed_from_u64(params.seed)]
+        } else {
+            params
+                .row_seeds
+                .iter()
+                .map(|s| rand::rngs::StdRng::seed_from_u64(*s))
+                .collect()
+        };
         let b = prompts.len();
         let mut generated: Vec<Vec<u32>> = vec![vec![]; b];
         let mut finish: Vec<Option<FinishReason>> = vec![None; b];
@@ -224,7 +244,11 @@ impl Model {
                     Some(c) => c.allowed_tokens(r, &generated[r]),
                     None => None,
                 };
-                let tok = sample(&rows[r], allowed.as_deref(), params, &mut rng)
+                let rng = match rngs.len() {
+                    1 => &mut rngs[0],
+                    _ => &mut rngs[r],
+                };
+                let tok = sample(&rows[r], allowed.as_deref(), params, rng)
                     .map_err(|e| ModelError::InvalidArgument(format!("row {r}: {e}")))?;
                 generated[r].push(tok);
                 if stop_ids.contains(&tok) {

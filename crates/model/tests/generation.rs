@@ -183,6 +183,39 @@ fn sampling_is_reproducible_by_seed() {
     };
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
+
+    // With a seed per row, each row of a batch samples what it samples alone with that seed,
+    // whatever the other rows are; with one seed the rows share a sampler.
+    let sampled = |seed, row_seeds: Vec<u64>| SamplingParams {
+        max_new_tokens: 12,
+        temperature: 1.0,
+        seed,
+        row_seeds,
+        stop_token_ids: Some(vec![]),
+        ..Default::default()
+    };
+    let alone = |prompt: Vec<u32>, seed| {
+        m.generate(&tok, &[prompt], &sampled(seed, vec![]), None)
+            .unwrap()[0]
+            .tokens
+            .clone()
+    };
+    let (p1, p2) = (vec![1, 7, 8], vec![1, 30, 31, 32, 33]);
+    let batch = m
+        .generate(
+            &tok,
+            &[p1.clone(), p2.clone()],
+            &sampled(0, vec![5, 6]),
+            None,
+        )
+        .unwrap();
+    assert_eq!(batch[0].tokens, alone(p1.clone(), 5));
+    assert_eq!(batch[1].tokens, alone(p2.clone(), 6));
+    let err = m
+        .generate(&tok, &[p1, p2], &sampled(0, vec![5]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("1 row seeds for 2 prompts"), "{err}");
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use detect::{Policy, View};
 use model::{ChatTokenizer, DType, Device, KvCache, Model, SamplingParams};
 
+use crate::batch::TurnBatcher;
 use crate::chat::{ChatFormat, Conversation};
 use crate::grammar::ActionGrammar;
 use crate::prompt;
@@ -96,6 +97,9 @@ pub struct LearnedDetector {
     grammar: Arc<ActionGrammar>,
     conversation: Conversation,
     cache: Option<KvCache>,
+    /// Replies decoded together with other investigations' (a row of a [`TurnBatcher`])
+    /// instead of through the policy's own cache.
+    batch: Option<(Arc<TurnBatcher>, usize)>,
     turns: usize,
     /// Where the episode's conversation is left for the trainer after every turn.
     sink: Option<Arc<Mutex<Conversation>>>,
@@ -113,9 +117,18 @@ impl LearnedDetector {
             grammar,
             conversation: Conversation::new(),
             cache: None,
+            batch: None,
             turns: 0,
             sink: None,
         }
+    }
+
+    /// Decodes this investigation's replies as `row` of `batcher`, together with the other
+    /// rows' (the batcher's adapter and temperature apply). The row leaves the batch when the
+    /// policy is dropped, at the end of its investigation.
+    pub fn in_batch(mut self, batcher: Arc<TurnBatcher>, row: usize) -> LearnedDetector {
+        self.batch = Some((batcher, row));
+        self
     }
 
     /// Records the episode's conversation into `sink` as it grows.
@@ -167,15 +180,35 @@ impl LearnedDetector {
             stop_sequences: vec!["\n".into()],
             ..SamplingParams::default()
         };
-        let cache = self.cache.get_or_insert_with(|| KvCache::new(&pm.model, 1));
-        let grammar = Arc::clone(&self.grammar);
-        let reply = pm.reply(
-            self.options.adapter.as_deref(),
-            cache,
-            &self.conversation,
-            &params,
-            &|g| grammar.allowed_for(g, answer_only),
-        )?;
+        let reply = match &self.batch {
+            Some((batcher, row)) => {
+                // The batch decodes under the model's lock: release it while waiting.
+                drop(guard);
+                let reply = batcher.reply(
+                    *row,
+                    self.conversation.tokens.clone(),
+                    params.max_new_tokens,
+                    answer_only,
+                    params.seed,
+                )?;
+                guard = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                reply
+            }
+            None => {
+                let cache = self
+                    .cache
+                    .get_or_insert_with(|| KvCache::new(&guard.model, 1));
+                let grammar = Arc::clone(&self.grammar);
+                guard.reply(
+                    self.options.adapter.as_deref(),
+                    cache,
+                    &self.conversation,
+                    &params,
+                    &|g| grammar.allowed_for(g, answer_only),
+                )?
+            }
+        };
+        let pm = &mut *guard;
         let allowed = self.grammar.allowed_sets_for(&reply, answer_only);
         let text_tokens: Vec<u32> = reply
             .iter()
@@ -191,6 +224,14 @@ impl LearnedDetector {
             *sink.lock().unwrap_or_else(|p| p.into_inner()) = self.conversation.clone();
         }
         Ok(text)
+    }
+}
+
+impl Drop for LearnedDetector {
+    fn drop(&mut self) {
+        if let Some((batcher, row)) = &self.batch {
+            batcher.leave(*row);
+        }
     }
 }
 

@@ -85,6 +85,16 @@ pub fn injector_grammar(pm: &PolicyModel, options: &[InjectionOption]) -> Result
     ChoiceGrammar::new(&pm.tokenizer, &texts, pm.format.im_end)
 }
 
+/// What one free-form proposal asks for: the code its choice targets and the type to plant.
+pub struct DiffRequest<'a> {
+    pub file: &'a str,
+    pub code: &'a str,
+    /// The catalog id, with its name (`P11 (temperature out of range)`).
+    pub deficiency: &'a str,
+    /// The sampler's seed: the diff is the one this proposal would have sampled alone.
+    pub seed: u64,
+}
+
 /// Free-form injection (for models able to write patches): continues the Injector's
 /// conversation with the code its choice targets and asks for a unified diff, sampled without
 /// a grammar; the engine applies it or rejects it with the reason. Returns the diff text.
@@ -100,28 +110,68 @@ pub fn write_diff(
     temperature: f32,
     seed: u64,
 ) -> Result<String> {
-    conversation.push_message(
-        &pm.tokenizer,
-        "user",
-        &prompt::diff_request(file, code, deficiency),
+    let request = DiffRequest {
+        file,
+        code,
+        deficiency,
+        seed,
+    };
+    let mut texts = write_diffs(
+        pm,
+        adapter,
+        &mut [(conversation, request)],
+        max_tokens,
+        temperature,
     )?;
-    conversation.open_reply(&pm.tokenizer)?;
+    Ok(texts.remove(0))
+}
+
+/// [`write_diff`] for several proposals at once: their diffs are decoded together, a row of
+/// one batch each, so a step's proposals cost one generation rather than one each. Returns
+/// the diffs in the order of `proposals`.
+pub fn write_diffs(
+    pm: &mut PolicyModel,
+    adapter: Option<&str>,
+    proposals: &mut [(&mut Conversation, DiffRequest<'_>)],
+    max_tokens: usize,
+    temperature: f32,
+) -> Result<Vec<String>> {
+    if proposals.is_empty() {
+        return Ok(Vec::new());
+    }
+    for (conversation, q) in proposals.iter_mut() {
+        conversation.push_message(
+            &pm.tokenizer,
+            "user",
+            &prompt::diff_request(q.file, q.code, q.deficiency),
+        )?;
+        conversation.open_reply(&pm.tokenizer)?;
+    }
     let params = SamplingParams {
         max_new_tokens: max_tokens,
         temperature,
-        seed,
+        row_seeds: proposals.iter().map(|(_, q)| q.seed).collect(),
         stop_token_ids: Some(vec![pm.format.im_end]),
         ..SamplingParams::default()
     };
-    let mut cache = KvCache::new(&pm.model, 1);
-    let reply = pm.reply(adapter, &mut cache, conversation, &params, &|_| None)?;
-    let text_tokens: Vec<u32> = reply
-        .iter()
-        .copied()
-        .filter(|t| *t != pm.format.im_end)
-        .collect();
-    let text = pm.tokenizer.decode(&text_tokens, true)?;
-    let allowed = vec![None; reply.len()];
-    conversation.push_reply(&pm.tokenizer, pm.format, &reply, allowed)?;
-    Ok(text)
+    pm.model.set_active_adapter(adapter)?;
+    pm.model.set_training(false);
+    let prompts: Vec<Vec<u32>> = proposals.iter().map(|(c, _)| c.tokens.clone()).collect();
+    let mut cache = KvCache::new(&pm.model, prompts.len());
+    let generations =
+        pm.model
+            .generate_with_cache(&mut cache, &pm.tokenizer, &prompts, &params, None)?;
+    let mut texts = Vec::with_capacity(proposals.len());
+    for ((conversation, _), generation) in proposals.iter_mut().zip(generations) {
+        let reply = generation.tokens;
+        let text_tokens: Vec<u32> = reply
+            .iter()
+            .copied()
+            .filter(|t| *t != pm.format.im_end)
+            .collect();
+        texts.push(pm.tokenizer.decode(&text_tokens, true)?);
+        let allowed = vec![None; reply.len()];
+        conversation.push_reply(&pm.tokenizer, pm.format, &reply, allowed)?;
+    }
+    Ok(texts)
 }

@@ -7,6 +7,8 @@
 //! - [`grammar`]: token tries and the Detector's action grammar (constrained decoding), so a
 //!   small model always writes a well-formed call and a valid answer.
 //! - [`detector`]: [`LearnedDetector`], a `detect::Policy` over a shared [`PolicyModel`].
+//! - [`batch`]: [`TurnBatcher`], several learned investigations decoded together, a row each
+//!   in one KV cache.
 //! - [`injector`]: the Injector's choice among the engine's valid injections.
 //! - [`decision`]: the Detector's answer as one whole choice: the probe battery's digests
 //!   read by the model, then a softmax head over the types (and `none`) and the components.
@@ -23,6 +25,7 @@
 //! re-tokenisation of generated text); depends on `model`, `detect` and `taxonomy`.
 
 pub mod baseline;
+pub mod batch;
 pub mod blame;
 pub mod chat;
 pub mod decision;
@@ -32,12 +35,14 @@ pub mod grammar;
 pub mod injector;
 pub mod prompt;
 
+pub use batch::{investigate_many, TurnBatcher};
 pub use chat::{ChatFormat, Conversation};
 pub use demonstration::{demonstration, DemoAnswer};
 pub use detector::{DetectorOptions, LearnedDetector, PolicyModel, SharedModel};
 pub use grammar::{ActionGrammar, ChoiceGrammar, TokenTrie};
 pub use injector::{
-    choose_injection, injector_grammar, write_diff, InjectionOption, InjectorChoice,
+    choose_injection, injector_grammar, write_diff, write_diffs, DiffRequest, InjectionOption,
+    InjectorChoice,
 };
 
 /// What can go wrong in a policy.
@@ -57,6 +62,9 @@ pub enum PolicyError {
     /// A decision head file that cannot be read or written.
     #[error("decision head: {0}")]
     Io(String),
+    /// A batch of investigations decoded together failed, or a row was used after leaving.
+    #[error("batched decoding: {0}")]
+    Batch(String),
 }
 
 pub type Result<T> = std::result::Result<T, PolicyError>;

@@ -296,3 +296,124 @@ fn the_injector_always_chooses_an_offered_option() {
         "temperature 1 should reach several options"
     );
 }
+
+/// `rows` investigations of one trace with the same options, decoded together or alone; their
+/// conversations.
+fn investigations(
+    shared: &SharedModel,
+    grammar: &Arc<ActionGrammar>,
+    detector: &Detector,
+    trace_id: &str,
+    options: &DetectorOptions,
+    rows: usize,
+    batched: bool,
+) -> Vec<Conversation> {
+    let options = vec![options.clone(); rows];
+    policy::investigate_many(detector, trace_id, shared, grammar, &options, batched)
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect()
+}
+
+/// A store of one synthetic trace, a tiny random model and its grammar, and a Detector with
+/// `max_turns` turns.
+fn investigation_fixture(
+    model_seed: u64,
+    max_turns: usize,
+) -> (
+    tempfile::TempDir,
+    String,
+    SharedModel,
+    Arc<ActionGrammar>,
+    Detector,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.sqlite");
+    let labels = detect::synthetic::build_store(&db, 1).unwrap();
+    let trace_id = labels[0].0.clone();
+    let pm = tiny_model(model_seed);
+    let grammar = Arc::new(
+        ActionGrammar::new(&pm.tokenizer, &catalog(), &policy::grammar::LEARNED_TOOLS).unwrap(),
+    );
+    let shared: SharedModel = Arc::new(Mutex::new(pm));
+    let config = detect::Config {
+        main_max_turns: max_turns,
+        ..detect::Config::default()
+    };
+    let detector = Detector::new(&db, config, false).unwrap();
+    (dir, trace_id, shared, grammar, detector)
+}
+
+#[test]
+fn investigations_decoded_together_match_those_decoded_alone() {
+    let (_dir, trace_id, shared, grammar, detector) = investigation_fixture(5, 3);
+    let trace_id = &trace_id;
+    let greedy = DetectorOptions {
+        temperature: 0.0,
+        max_action_tokens: 24,
+        seed: 4,
+        ..DetectorOptions::default()
+    };
+    let alone = investigations(&shared, &grammar, &detector, trace_id, &greedy, 1, false);
+    let batcher = Arc::new(policy::TurnBatcher::new(
+        Arc::clone(&shared),
+        Arc::clone(&grammar),
+        None,
+        0.0,
+        4,
+    ));
+    let together: Vec<Conversation> = std::thread::scope(|scope| {
+        let running: Vec<_> = (0..4)
+            .map(|k| {
+                let (shared, grammar, batcher, detector, greedy) =
+                    (&shared, &grammar, &batcher, &detector, &greedy);
+                scope.spawn(move || {
+                    let sink = Arc::new(Mutex::new(Conversation::new()));
+                    let p = LearnedDetector::new(
+                        Arc::clone(shared),
+                        Arc::clone(grammar),
+                        greedy.clone(),
+                    )
+                    .with_sink(Arc::clone(&sink))
+                    .in_batch(Arc::clone(batcher), k);
+                    detector.investigate(trace_id, Box::new(p)).unwrap();
+                    let c = sink.lock().unwrap().clone();
+                    c
+                })
+            })
+            .collect();
+        running.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Greedy rows of one batch are the conversation decoded alone, token for token: padding
+    // and the other rows change nothing.
+    for c in &together {
+        c.check().unwrap();
+        assert_eq!(c.tokens, alone[0].tokens);
+        assert_eq!(c.generated, alone[0].generated);
+    }
+    // One batched call per turn, not one per investigation and turn.
+    let replies = alone[0]
+        .generated
+        .windows(2)
+        .filter(|w| w[0] && !w[1])
+        .count()
+        + usize::from(alone[0].generated.last() == Some(&true));
+    assert_eq!(
+        batcher.batches(),
+        replies,
+        "{replies} replies per investigation"
+    );
+
+    // Sampled, each row draws from its own seed's sampler: the batch gives every row the
+    // conversation it samples alone.
+    let sampled = DetectorOptions {
+        temperature: 1.0,
+        ..greedy
+    };
+    let alone = investigations(&shared, &grammar, &detector, trace_id, &sampled, 1, false);
+    let rows = investigations(&shared, &grammar, &detector, trace_id, &sampled, 4, true);
+    for c in &rows {
+        c.check().unwrap();
+        assert_eq!(c.tokens, alone[0].tokens);
+    }
+}

@@ -20,9 +20,7 @@ use eval::store_eval::Labelled;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{AdamW, AdamWConfig, DType, Device, LoraConfig, Projection};
 use policy::decision::DecisionHead;
-use policy::{
-    ActionGrammar, Conversation, DetectorOptions, LearnedDetector, PolicyModel, SharedModel,
-};
+use policy::{ActionGrammar, Conversation, DetectorOptions, PolicyModel, SharedModel};
 
 use collective::Collective;
 use serde::{Deserialize, Serialize};
@@ -1134,13 +1132,12 @@ impl Trainer {
         let agents = self.config.run.agents.clone();
         let injector = self.adapter(Role::Injector);
         let history = history_line(&self.state.history);
-        let mut episodes = Vec::with_capacity(n);
-        let mut planned = Vec::with_capacity(n);
-        let mut diffs: Vec<Option<String>> = Vec::with_capacity(n);
-        // Each rank proposes its share of the step's episodes (every rank for one process).
+        let diff_mode = self.config.injector.mode == InjectorMode::Diff;
+        // Each rank proposes its share of the step's episodes (every rank for one process):
+        // first every choice, then (free-form mode) every diff, decoded together.
+        let mut chosen = Vec::with_capacity(n);
         for i in (0..n).filter(|i| self.options.ranks.owns(*i)) {
             let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
-            let diff_mode = self.config.injector.mode == InjectorMode::Diff;
             let mut options = env.options(&agent, diff_mode)?;
             if let Some(errors) = &self.focus {
                 let mut offered: Vec<&str> =
@@ -1154,7 +1151,7 @@ impl Trainer {
                 }
             }
             let info = env.agent(&agent)?;
-            let mut choice = {
+            let choice = {
                 let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
                 policy::choose_injection(
                     &mut pm,
@@ -1167,33 +1164,58 @@ impl Trainer {
                     mix(seed, step, i as u64, 1),
                 )?
             };
-            let option = &options[choice.index];
-            let diff = if diff_mode {
-                let edit = &env.template(&agent, option)?.edits[0];
+            let option = options[choice.index].clone();
+            // (file, code, type with its name) of the template the free-form diff rewrites.
+            let target = if diff_mode {
+                let edit = &env.template(&agent, &option)?.edits[0];
                 let name = env
                     .catalog()
                     .get(&option.deficiency)
                     .map_or(String::new(), |d| format!(" ({})", d.name));
-                let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-                Some(policy::write_diff(
-                    &mut pm,
-                    Some(injector),
-                    &mut choice.conversation,
-                    &edit.file,
-                    &edit.find,
-                    &format!("{}{name}", option.deficiency),
-                    self.config.injector.max_diff_tokens,
-                    self.config.detector.temperature,
-                    mix(seed, step, i as u64, 5),
-                )?)
+                Some((
+                    edit.file.clone(),
+                    edit.find.clone(),
+                    format!("{}{name}", option.deficiency),
+                ))
             } else {
                 None
             };
-            diffs.push(diff);
+            chosen.push((i, agent, option, choice, target));
+        }
+        let mut diffs: Vec<Option<String>> = vec![None; chosen.len()];
+        if diff_mode && !chosen.is_empty() {
+            let mut proposals: Vec<(&mut Conversation, policy::DiffRequest<'_>)> = chosen
+                .iter_mut()
+                .filter_map(|(i, _, _, choice, target)| {
+                    let (file, code, deficiency) = target.as_ref()?;
+                    Some((
+                        &mut choice.conversation,
+                        policy::DiffRequest {
+                            file,
+                            code,
+                            deficiency,
+                            seed: mix(seed, step, *i as u64, 5),
+                        },
+                    ))
+                })
+                .collect();
+            let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let texts = policy::write_diffs(
+                &mut pm,
+                Some(injector),
+                &mut proposals,
+                self.config.injector.max_diff_tokens,
+                self.config.detector.temperature,
+            )?;
+            diffs = texts.into_iter().map(Some).collect();
+        }
+        let mut episodes = Vec::with_capacity(n);
+        let mut planned = Vec::with_capacity(n);
+        for (i, agent, option, choice, _) in chosen {
             planned.push(env.plan(
                 &format!("s{step:05}i{i:02}"),
                 &agent,
-                option,
+                &option,
                 mix(seed, step, i as u64, 2),
             )?);
             episodes.push(Episode {
@@ -1651,7 +1673,9 @@ impl Trainer {
 
 impl Trainer {
     /// `samples_per_trace` investigations of a live trace by the learned Detector, token by
-    /// token through the grammar, each with its own seed and its generated conversation.
+    /// token through the grammar, each with its own generated conversation. Several run at
+    /// once, each on its own thread, and their replies are decoded together as the rows of
+    /// one batch ([`TurnBatcher`]); one alone decodes through its own cache.
     fn investigate_tokens(
         &self,
         detector: &detect::Detector,
@@ -1661,19 +1685,20 @@ impl Trainer {
     ) -> Result<Vec<(Detection, Conversation, detect::Transcript)>> {
         let seed = self.config.run.seed;
         let per_trace = self.config.detector.samples_per_trace;
-        let mut out = Vec::with_capacity(per_trace);
-        for k in 0..per_trace {
-            let sink = Arc::new(Mutex::new(Conversation::new()));
-            let policy = LearnedDetector::new(
-                Arc::clone(&self.shared),
-                Arc::clone(&self.grammar),
-                self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)),
-            )
-            .with_sink(Arc::clone(&sink));
-            let transcript = detector
-                .investigate(trace_id, Box::new(policy))
-                .map_err(|e| RlError::Environment(format!("investigating {trace_id}: {e}")))?;
-            let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let options: Vec<DetectorOptions> = (0..per_trace)
+            .map(|k| self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)))
+            .collect();
+        policy::investigate_many(
+            detector,
+            trace_id,
+            &self.shared,
+            &self.grammar,
+            &options,
+            per_trace > 1,
+        )
+        .into_iter()
+        .map(|done| {
+            let (transcript, conversation) = done.map_err(RlError::Environment)?;
             let (deficiency, component) = match transcript.verdict() {
                 Some(Verdict::Deficiency {
                     deficiency_id,
@@ -1687,9 +1712,9 @@ impl Trainer {
                 component,
                 tool_calls: eval::store_eval::tool_calls(&transcript),
             };
-            out.push((detection, conversation, transcript));
-        }
-        Ok(out)
+            Ok((detection, conversation, transcript))
+        })
+        .collect()
     }
 
     /// A live trace's investigations: through the decision head when the run has one (with

@@ -224,6 +224,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         top_p: args.top_p,
         top_k: args.top_k,
         seed: args.seed,
+        row_seeds: Vec::new(),
         stop_sequences: args.stop.clone(),
         stop_token_ids: None,
     };
