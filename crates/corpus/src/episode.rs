@@ -126,11 +126,7 @@ impl Runner {
     }
 
     /// Runs (or reuses) the clean run of `task`.
-    fn clean(
-        &self,
-        clean: &CleanAgent,
-        task: &Task,
-    ) -> Result<(RunFacts, Vec<String>), CorpusError> {
+    fn clean(&self, clean: &CleanAgent, task: &Task) -> Result<RunFacts, CorpusError> {
         let dir = clean.runs.join(task.id());
         let lock = self
             .clean_runs
@@ -156,8 +152,8 @@ impl Runner {
 
 /// Reads a run directory's outcome.json (typed: the runner's [`EpisodeOutcome`], or a bare
 /// [`RunOutcome`] that corpora made before episodes ran in the runner hold) and trace back
-/// into [`RunFacts`] and what the sandbox contained.
-fn read_facts(dir: &Path) -> Result<(RunFacts, Vec<String>), CorpusError> {
+/// into [`RunFacts`].
+fn read_facts(dir: &Path) -> Result<RunFacts, CorpusError> {
     let path = dir.join("outcome.json");
     let (outcome, contained) = match EpisodeOutcome::read(&path) {
         Ok(o) => {
@@ -174,26 +170,24 @@ fn read_facts(dir: &Path) -> Result<(RunFacts, Vec<String>), CorpusError> {
     };
     let trace = dir.join("trace.jsonl");
     let features = TraceFeatures::from_file(&trace).unwrap_or_default();
-    Ok((
-        RunFacts {
-            end,
-            exit_ok: outcome.end == ProcessEnd::Exited(0),
-            timed_out: outcome.end == ProcessEnd::TimedOut,
-            success: outcome.success,
-            spans: outcome.collected.spans,
-            trace_problems: outcome.collected.trace_problems,
-            features,
-        },
+    Ok(RunFacts {
+        end,
+        exit_ok: outcome.end == ProcessEnd::Exited(0),
+        timed_out: outcome.end == ProcessEnd::TimedOut,
+        success: outcome.success,
+        spans: outcome.collected.spans,
+        trace_problems: outcome.collected.trace_problems,
+        features,
         contained,
-    ))
+    })
 }
 
-fn summary(facts: &RunFacts, contained: &[String]) -> RunSummary {
+fn summary(facts: &RunFacts) -> RunSummary {
     RunSummary {
         end: facts.end.clone(),
         success: facts.success,
         features: facts.features.clone(),
-        contained: contained.to_vec(),
+        contained: facts.contained.clone(),
     }
 }
 
@@ -220,14 +214,6 @@ pub struct EpisodeRunner {
     catalog: Catalog,
     clean: Mutex<BTreeMap<String, Arc<CleanAgent>>>,
     out: PathBuf,
-}
-
-/// What [`EpisodeRunner::run_many`] did: a manifest per episode it completed (in the order
-/// given; `None` for those it did not reach), and the error that stopped it, if one did. An
-/// interruption (ctrl-C) is not an error: its episodes are simply left without a manifest.
-pub struct Ran {
-    pub manifests: Vec<Option<Manifest>>,
-    pub error: Option<CorpusError>,
 }
 
 impl EpisodeRunner {
@@ -312,7 +298,7 @@ impl EpisodeRunner {
     }
 
     /// Resumes a run over `episodes` (a plan): the manifests an earlier run completed are read
-    /// back, then up to `max` of the rest run ([`EpisodeRunner::run_many`]).
+    /// back, then up to `max` of the rest run, `jobs` at once.
     /// `on_episode(done, total, manifest)` hears of each, found or finished. Returns the
     /// manifests in plan order, `None` for episodes not reached (`max`, an interruption).
     pub fn resume(
@@ -341,11 +327,8 @@ impl EpisodeRunner {
         let ran = self.run_many(&now, |m| {
             done += 1;
             on_episode(done, total, m);
-        });
-        if let Some(e) = ran.error {
-            return Err(e);
-        }
-        for (&i, m) in todo.iter().zip(ran.manifests) {
+        })?;
+        for (&i, m) in todo.iter().zip(ran) {
             slots[i] = m;
         }
         Ok(slots)
@@ -353,8 +336,14 @@ impl EpisodeRunner {
 
     /// Runs `episodes`, up to the executor's `jobs` at once, writing each one's manifest
     /// (atomically, the episode's last act) and calling `on_done` with it as it completes.
-    /// The first error stops new episodes from starting; those already running finish.
-    pub fn run_many(&self, episodes: &[&Planned], on_done: impl FnMut(&Manifest) + Send) -> Ran {
+    /// Returns a manifest per episode completed, in the order given (`None` where an
+    /// interruption stopped it: that is no error). The first error stops new episodes from
+    /// starting; those already running finish, and then it is returned.
+    fn run_many(
+        &self,
+        episodes: &[&Planned],
+        on_done: impl FnMut(&Manifest) + Send,
+    ) -> Result<Vec<Option<Manifest>>, CorpusError> {
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
         let on_done = Mutex::new(on_done);
@@ -398,9 +387,9 @@ impl EpisodeRunner {
                 });
             }
         });
-        Ran {
-            manifests: results.into_inner().unwrap_or_else(|p| p.into_inner()),
-            error: error.into_inner().unwrap_or_else(|p| p.into_inner()),
+        match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(results.into_inner().unwrap_or_else(|p| p.into_inner())),
         }
     }
 }
@@ -421,7 +410,7 @@ fn run_episode(
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let options = &runner.options;
     let task = runner.workspace.task(&clean.agent, &ep.task)?;
-    let (clean_facts, clean_contained) = runner.clean(clean, &task)?;
+    let clean_facts = runner.clean(clean, &task)?;
     let template = match diff {
         Some(_) => None,
         None => {
@@ -453,7 +442,7 @@ fn run_episode(
         diff: String::new(),
         location: None,
         commit: None,
-        clean: summary(&clean_facts, &clean_contained),
+        clean: summary(&clean_facts),
         injected: None,
         validation: Validation::not_applied(String::new()),
         trace: None,
@@ -494,7 +483,7 @@ fn run_episode(
         &run_dir,
     );
     runner.executor.run(&spec)?;
-    let (facts, contained) = read_facts(&run_dir)?;
+    let facts = read_facts(&run_dir)?;
     let mut validation = validate::judge(
         def.manifestation,
         def.components.iter().any(|c| c == TOKEN_COUNT_COMPONENT),
@@ -510,7 +499,7 @@ fn run_episode(
     if options.keyword && facts.spans > 0 {
         validation.non_trivial = Some(keyword::keyword_baseline(&trace, &ep.deficiency));
     }
-    m.injected = Some(summary(&facts, &contained));
+    m.injected = Some(summary(&facts));
     m.validation = validation;
     m.trace = trace
         .strip_prefix(out)

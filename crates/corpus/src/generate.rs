@@ -43,8 +43,7 @@ use taxonomy::Catalog;
 
 pub(crate) use crate::episode::read_manifest;
 pub use crate::episode::{
-    episode_dir_name, manifest_path, EpisodeRunner, Manifest, Ran, RunSummary,
-    TOKEN_COUNT_COMPONENT,
+    episode_dir_name, manifest_path, EpisodeRunner, Manifest, RunSummary, TOKEN_COUNT_COMPONENT,
 };
 pub use crate::planning::{plan, GenerateOptions, Plan, Planned, Uncovered};
 pub(crate) use crate::publish::publish;

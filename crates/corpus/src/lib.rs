@@ -22,6 +22,6 @@ pub use confusability::Confusability;
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
     clean_trace_path, episode_dir_name, generate, manifest_path, plan, CorpusError, EpisodeRunner,
-    Finish, GenerateOptions, Manifest, Planned, Ran, Report, RunSummary,
+    Finish, GenerateOptions, Manifest, Planned, Report, RunSummary,
 };
 pub use validate::{Check, NonTriviality, Validation};

@@ -84,6 +84,20 @@ pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
     u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
+/// The task ids of agent `name`'s suite, in suite order.
+pub(crate) fn suite_ids(
+    workspace: &Workspace,
+    catalog: &Catalog,
+    name: &str,
+) -> Result<Vec<String>, CorpusError> {
+    let agent = workspace.agent(name, catalog)?;
+    Ok(workspace
+        .suite(&agent)?
+        .iter()
+        .map(|t| t.id().to_owned())
+        .collect())
+}
+
 /// Plans the episodes: for each agent and type with templates, `tasks` tasks of the agent's
 /// suite (those the templates name first, then the rest in seeded order), each with the
 /// template that names it or a seeded choice among the type's templates.
@@ -96,12 +110,7 @@ pub fn plan(
     let mut uncovered = Vec::new();
     let seed = options.seed.to_string();
     for name in &options.agents {
-        let agent = workspace.agent(name, catalog)?;
-        let suite: Vec<String> = workspace
-            .suite(&agent)?
-            .iter()
-            .map(|t| t.id().to_owned())
-            .collect();
+        let suite = suite_ids(workspace, catalog, name)?;
         for ty in &options.types {
             let templates = template::load_for(&options.templates_dir, name, ty, catalog)?;
             if templates.is_empty() {

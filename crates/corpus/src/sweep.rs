@@ -85,12 +85,7 @@ pub fn plan_sweep(
 ) -> Result<SweepPlan, CorpusError> {
     let mut episodes = Vec::new();
     for name in &options.agents {
-        let agent = workspace.agent(name, catalog)?;
-        let suite: Vec<String> = workspace
-            .suite(&agent)?
-            .iter()
-            .map(|t| t.id().to_owned())
-            .collect();
+        let suite = crate::planning::suite_ids(workspace, catalog, name)?;
         for ty in &options.types {
             if only.is_some_and(|o| !o.contains(&(name.clone(), ty.clone()))) {
                 continue;

@@ -101,6 +101,8 @@ pub struct RunFacts {
     pub spans: usize,
     pub trace_problems: Vec<String>,
     pub features: TraceFeatures,
+    /// What the sandbox had to stop, one clause each (`runner::Containment::describe`).
+    pub contained: Vec<String>,
 }
 
 /// The kinds of difference between a clean and an injected run: `errors` (new error
@@ -277,6 +279,7 @@ mod tests {
                 outcome: outcome.into(),
                 ..TraceFeatures::default()
             },
+            contained: vec![],
         }
     }
 

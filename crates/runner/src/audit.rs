@@ -43,6 +43,33 @@ pub fn read_log(path: &Path) -> Vec<String> {
     out
 }
 
+/// What an episode's audit log says, by kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Records {
+    /// Attempts to reach anything but the LLM socket (`network: …`), and lines that could not
+    /// be read as records (an agent may write there too; reported, not trusted).
+    pub network: Vec<String>,
+    /// Writes outside the episode's directory and `/tmp`, without the `filesystem: ` prefix.
+    pub filesystem: Vec<String>,
+    /// A process ended on a `MemoryError`.
+    pub out_of_memory: bool,
+}
+
+/// [`read_log`] sorted by kind.
+pub fn read_records(path: &Path) -> Records {
+    let mut records = Records::default();
+    for record in read_log(path) {
+        if let Some(what) = record.strip_prefix("filesystem: ") {
+            records.filesystem.push(what.to_owned());
+        } else if record.starts_with("memory: ") {
+            records.out_of_memory = true;
+        } else {
+            records.network.push(record);
+        }
+    }
+    records
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +158,9 @@ mod tests {
                 format!("filesystem: write to {}", repo.join("planted.py").display()),
             ]
         );
+        let records = read_records(&log);
+        assert_eq!(records.filesystem[0], format!("write to {o}"));
+        assert_eq!(records.filesystem.len(), 3);
+        assert!(records.network.is_empty() && !records.out_of_memory);
     }
 }

@@ -120,14 +120,9 @@ pub async fn run_batch_interruptible(
         let cancel = cancel.clone();
         let progress = progress.clone();
         tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             let mut signals = 0;
             loop {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {},
-                    _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {},
-                }
+                crate::cancel::interruption().await;
                 signals += 1;
                 cancel.cancel();
                 say(

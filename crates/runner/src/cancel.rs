@@ -42,6 +42,24 @@ impl Cancel {
     }
 }
 
+/// Resolves at the next ctrl-C or SIGTERM the process receives (from then on the process
+/// handles both itself: whoever waits here decides how it ends).
+pub async fn interruption() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -167,8 +167,8 @@ pub struct Containment {
     pub pids_limit_hits: Option<u64>,
     /// Blocked attempts to reach anything but the LLM socket (from the audit hook).
     pub network_attempts: Vec<String>,
-    /// Writes, removals and renames outside the episode's directory and `/tmp` (from the
-    /// audit hook); the read-only root refuses them on Docker and bubblewrap.
+    /// Writes, removals and renames outside the episode's directory and `/tmp`, e.g. `write to
+    /// /etc/x` (from the audit hook); the read-only root refuses them on Docker and bubblewrap.
     #[serde(default)]
     pub filesystem_attempts: Vec<String>,
 }
@@ -215,8 +215,7 @@ impl Containment {
             out.push(format!("blocked network access ({attempt})"));
         }
         for attempt in &self.filesystem_attempts {
-            let what = attempt.strip_prefix("filesystem: ").unwrap_or(attempt);
-            out.push(format!("tried to write outside its episode ({what})"));
+            out.push(format!("tried to write outside its episode ({attempt})"));
         }
         out
     }
@@ -472,24 +471,14 @@ pub async fn run_episode(
         _ => run::judge(&run_spec, &layout, agent.end, &collected),
     };
 
-    let (mut network_attempts, mut filesystem_attempts) = (Vec::new(), Vec::new());
-    let mut out_of_memory = false;
-    for record in crate::audit::read_log(&audit_log) {
-        if record.starts_with("filesystem: ") {
-            filesystem_attempts.push(record);
-        } else if record.starts_with("memory: ") {
-            out_of_memory = true;
-        } else {
-            network_attempts.push(record);
-        }
-    }
+    let audit = crate::audit::read_records(&audit_log);
     let containment = Containment {
         timed_out: agent.end == ProcessEnd::TimedOut,
         oom_killed: agent.oom_killed,
-        out_of_memory,
+        out_of_memory: audit.out_of_memory,
         pids_limit_hits: agent.pids_limit_hits,
-        network_attempts,
-        filesystem_attempts,
+        network_attempts: audit.network,
+        filesystem_attempts: audit.filesystem,
     };
     let run = RunOutcome {
         agent: spec.agent.clone(),
@@ -550,7 +539,7 @@ mod tests {
             out_of_memory: false,
             pids_limit_hits: Some(81),
             network_attempts: vec!["network: socket.connect to ('192.0.2.1', 9)".into()],
-            filesystem_attempts: vec!["filesystem: write to /etc/passwd".into()],
+            filesystem_attempts: vec!["write to /etc/passwd".into()],
         };
         assert!(c.contained_something());
         assert_eq!(

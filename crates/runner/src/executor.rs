@@ -45,8 +45,8 @@ pub struct ExecutorOptions {
     pub apt_root: PathBuf,
     /// Episodes running at once.
     pub jobs: usize,
-    /// End the process on ctrl-C or SIGTERM once every sandbox is removed (see
-    /// [`Executor::exit_on_interrupt`]); for command-line runs, not for libraries' tests.
+    /// End the process on ctrl-C or SIGTERM once every sandbox is removed (the executor's
+    /// interruption watcher); for command-line runs, not for libraries' tests.
     pub exit_on_interrupt: bool,
 }
 
@@ -77,8 +77,9 @@ pub struct Executor {
     /// Set by the interruption watcher (see [`Executor::exit_on_interrupt`]); held while the
     /// process is being ended, so that the watcher and `drop` end it once.
     interrupted: Arc<std::sync::Mutex<bool>>,
-    /// Where the interruption's last line goes (set by [`Executor::exit_on_interrupt`]).
-    exit_notice: std::sync::Mutex<Option<Notice>>,
+    /// Where the interruption's lines go; `None` when interruptions are left to the process's
+    /// default handling.
+    exit_notice: Option<Notice>,
     jobs: usize,
     // Last, so that the endpoint's forwarder and the backend are dropped while it still runs.
     runtime: tokio::runtime::Runtime,
@@ -124,13 +125,13 @@ impl Executor {
             cancel: Cancel::new(),
             in_flight: Arc::default(),
             interrupted: Arc::default(),
-            exit_notice: std::sync::Mutex::default(),
+            exit_notice: options
+                .exit_on_interrupt
+                .then(|| Arc::new(|line: &str| eprintln!("{line}")) as Notice),
             jobs: options.jobs.max(1),
             runtime,
         };
-        if options.exit_on_interrupt {
-            executor.exit_on_interrupt(Duration::from_secs(30), |line| eprintln!("{line}"));
-        }
+        executor.exit_on_interrupt(Duration::from_secs(30));
         Ok(executor)
     }
 
@@ -163,35 +164,22 @@ impl Executor {
         result
     }
 
-    /// Stops every episode now running and refuses new ones.
-    pub fn cancel(&self) {
-        self.cancel.cancel();
-    }
-
-    /// On the first ctrl-C or SIGTERM: cancel every running episode, wait (at most
-    /// `grace`) until each has removed its sandbox, sweep, say so through `notice`, and end
-    /// the process with status 130. What an episode finished before is on disk already (the
+    /// With an exit notice, on the first ctrl-C or SIGTERM: cancel every running episode,
+    /// wait (at most `grace`) until each has removed its sandbox, sweep, say so, and end the
+    /// process with status 130. What an episode finished before is on disk already (the
     /// callers write their records atomically), so a rerun resumes. If the caller drops the
     /// executor first (its episodes returned cancelled), the drop ends the process the same
     /// way, so that nothing reports the interruption as a normal end.
-    pub fn exit_on_interrupt(
-        &self,
-        grace: Duration,
-        notice: impl Fn(&str) + Send + Sync + 'static,
-    ) {
+    fn exit_on_interrupt(&self, grace: Duration) {
+        let Some(notice) = self.exit_notice.clone() else {
+            return;
+        };
         let cancel = self.cancel.clone();
         let backend = self.backend.clone();
         let in_flight = self.in_flight.clone();
         let interrupted = self.interrupted.clone();
-        let notice = Arc::new(notice);
-        *self.exit_notice.lock().expect("never poisoned") = Some(notice.clone());
         self.runtime.spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {},
-            }
+            crate::cancel::interruption().await;
             notice("interrupted: stopping every episode and removing its sandbox");
             *interrupted.lock().unwrap_or_else(|p| p.into_inner()) = true;
             cancel.cancel();
@@ -225,11 +213,8 @@ impl Drop for Executor {
         let backend = self.backend.clone();
         let swept = self.runtime.block_on(async move { backend.sweep().await });
         let interrupted = *self.interrupted.lock().unwrap_or_else(|p| p.into_inner());
-        if interrupted {
-            let notice = self.exit_notice.lock().expect("never poisoned").clone();
-            if let Some(notice) = notice {
-                end_interrupted(&self.interrupted, swept, &*notice);
-            }
+        if let (true, Some(notice)) = (interrupted, &self.exit_notice) {
+            end_interrupted(&self.interrupted, swept, &**notice);
         }
         if swept > 0 {
             tracing::warn!("removed {swept} sandboxes that episodes left behind");
