@@ -242,8 +242,13 @@ fn excluded(rel: &Path) -> bool {
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    let top_level_meta =
-        rel.components().count() == 1 && (name == "agent.toml" || name == "history");
+    // A vendored agent's lock file, downloaded wheels and installed dependencies
+    // (`crate::vendor`) stay outside its repository too.
+    let top_level_meta = rel.components().count() == 1
+        && (name == "agent.toml"
+            || name == "history"
+            || name.starts_with('.')
+            || name.ends_with(".lock"));
     top_level_meta
         || name == "__pycache__"
         || name == ".git"

@@ -15,6 +15,7 @@ pub mod process;
 pub mod python;
 pub mod run;
 pub mod tasks;
+pub mod vendor;
 pub mod workspace;
 
 pub use history::{materialize, Materialized, Series};

@@ -207,6 +207,7 @@ impl Prepared<'_> {
             timeout: self.options.timeout,
             test_timeout: self.options.test_timeout,
             pycache_dir: self.repo.parent().map(|p| p.join("pycache")),
+            python_site: self.agent.python_site(),
         }
     }
 }

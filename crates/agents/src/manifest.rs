@@ -72,6 +72,10 @@ pub struct AgentManifest {
     pub framework_style: String,
     #[serde(default, rename = "site")]
     pub sites: Vec<Site>,
+    /// Set for an agent built on a third-party framework: its pinned wheels
+    /// ([`crate::vendor`]).
+    #[serde(default)]
+    pub python: Option<crate::vendor::PythonDeps>,
 }
 
 impl AgentManifest {
@@ -107,6 +111,12 @@ impl AgentManifest {
                 "field `name`: {:?} differs from the directory name {dir_name:?}",
                 self.name
             ));
+        }
+        if let Some(python) = &self.python {
+            match crate::vendor::Lock::load(&agent_dir.join(&python.lock)) {
+                Err(e) => problems.push(format!("field `python.lock`: {e}")),
+                Ok(lock) => problems.extend(lock.problems(agent_dir, &self.name)),
+            }
         }
         let package_ok = !self.package.is_empty()
             && self

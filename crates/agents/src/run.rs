@@ -86,6 +86,9 @@ pub struct RunSpec {
     pub test_timeout: Duration,
     /// The agent's bytecode cache, outside its repository (shared by the runs of a suite).
     pub pycache_dir: Option<PathBuf>,
+    /// The installed third-party packages of an agent built on a framework
+    /// ([`crate::vendor`]), put on `PYTHONPATH`.
+    pub python_site: Option<PathBuf>,
 }
 
 /// The files of a run directory.
@@ -251,7 +254,7 @@ impl RunSpec {
     /// The local invocation (host paths).
     pub fn command(&self) -> AgentCommand {
         let layout = self.layout();
-        AgentCommand::build(&CommandInputs {
+        let mut command = AgentCommand::build(&CommandInputs {
             python: &self.python,
             package: &self.package,
             agent: &self.agent,
@@ -265,7 +268,13 @@ impl RunSpec {
             model: &self.model,
             corpus: &self.corpus_dir,
             pycache: self.pycache_dir.as_deref(),
-        })
+        });
+        if let Some(site) = &self.python_site {
+            command
+                .env
+                .push(("PYTHONPATH".into(), site.to_string_lossy().into_owned()));
+        }
+        command
     }
 }
 

@@ -66,6 +66,18 @@ pub struct Agent {
     pub series: Series,
 }
 
+impl Agent {
+    /// The installed dependencies of an agent built on a third-party framework
+    /// ([`crate::vendor`]), which its runs need on `PYTHONPATH`; `None` for a standard-library
+    /// agent.
+    pub fn python_site(&self) -> Option<PathBuf> {
+        self.manifest
+            .python
+            .as_ref()
+            .map(|_| self.dir.join(crate::vendor::SITE_DIR))
+    }
+}
+
 impl Workspace {
     /// Opens `root`, which must hold `CONTRACT.md`.
     pub fn open(root: &Path) -> Result<Workspace, WorkspaceError> {

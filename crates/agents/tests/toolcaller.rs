@@ -239,7 +239,7 @@ fn clean_scripts_play_as_written() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let catalog = Catalog::embedded().unwrap();
-    for name in ["toolcaller", "research", "roleplay", "swe"] {
+    for name in ["toolcaller", "research", "roleplay", "swe", "ag2"] {
         let agent = workspace.agent(name, &catalog).unwrap();
         let report = local::run_suite(
             &workspace,

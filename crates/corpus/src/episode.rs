@@ -122,6 +122,7 @@ impl Runner {
                 test_timeout: self.options.timeout,
                 ..Limits::default()
             },
+            python_site: agent.python_site(),
         }
     }
 

@@ -134,8 +134,13 @@ mod tests {
              open({outside:?}).read()\n\
              os.remove({outside:?})\n\
              os.open(os.devnull, os.O_WRONLY)\n\
-             open({planted:?}, 'w').write('x')\n",
+             open({planted:?}, 'w').write('x')\n\
+             os.symlink({readable:?}, {link_inside:?})\n\
+             os.symlink({inside:?}, {link_outside:?})\n",
             inside = episode.join("work/answer.txt").to_str().unwrap(),
+            readable = repo.join("planted.py").to_str().unwrap(),
+            link_inside = episode.join("work/link").to_str().unwrap(),
+            link_outside = dir.path().join("link").to_str().unwrap(),
             outside = outside.to_str().unwrap(),
             planted = repo.join("planted.py").to_str().unwrap(),
         );
@@ -156,11 +161,16 @@ mod tests {
                 format!("filesystem: write to {o}"),
                 format!("filesystem: remove of {o}"),
                 format!("filesystem: write to {}", repo.join("planted.py").display()),
+                // A link names what it points at; only where the link is made is written.
+                format!(
+                    "filesystem: symlink of {}",
+                    dir.path().join("link").display()
+                ),
             ]
         );
         let records = read_records(&log);
         assert_eq!(records.filesystem[0], format!("write to {o}"));
-        assert_eq!(records.filesystem.len(), 3);
+        assert_eq!(records.filesystem.len(), 4);
         assert!(records.network.is_empty() && !records.out_of_memory);
     }
 }

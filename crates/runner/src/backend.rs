@@ -123,7 +123,7 @@ impl Backend {
 
     pub fn sandbox_paths(&self, spec: &EpisodeSpec) -> SandboxPaths {
         match self {
-            Backend::Docker(d) => d.sandbox_paths(),
+            Backend::Docker(d) => d.sandbox_paths(spec),
             Backend::Local(l) => l.sandbox_paths(spec),
         }
     }

@@ -43,6 +43,8 @@ pub const LABEL_ROLE: &str = "pathfinder.role";
 pub const AGENT_DIR: &str = "/agent";
 pub const EPISODE_DIR: &str = "/episode";
 pub const CORPUS_DIR: &str = "/corpus";
+/// Where an agent's third-party packages are mounted.
+const SITE_DIR: &str = "/opt/pathfinder/site";
 pub const LLM_SOCKET: &str = "/run/pathfinder/llm.sock";
 
 /// The most bytes of each output stream kept per container.
@@ -133,13 +135,14 @@ impl DockerBackend {
         &self.docker
     }
 
-    pub fn sandbox_paths(&self) -> SandboxPaths {
+    pub fn sandbox_paths(&self, spec: &EpisodeSpec) -> SandboxPaths {
         SandboxPaths {
             repo: AGENT_DIR.into(),
             out_dir: EPISODE_DIR.into(),
             corpus: CORPUS_DIR.into(),
             llm_socket: LLM_SOCKET.into(),
             audit_dir: AUDIT_DIR.into(),
+            python_site: spec.python_site.as_ref().map(|_| SITE_DIR.into()),
         }
     }
 
@@ -238,12 +241,21 @@ impl DockerBackend {
             host_config: Some(HostConfig {
                 network_mode: Some("none".into()),
                 readonly_rootfs: Some(true),
-                mounts: Some(vec![
-                    bind(&spec.repo_dir, AGENT_DIR, true),
-                    bind(&spec.corpus_dir, CORPUS_DIR, true),
-                    bind(&spec.out_dir, EPISODE_DIR, false),
-                    bind(&spec.llm_socket, LLM_SOCKET, false),
-                ]),
+                mounts: Some(
+                    [
+                        bind(&spec.repo_dir, AGENT_DIR, true),
+                        bind(&spec.corpus_dir, CORPUS_DIR, true),
+                        bind(&spec.out_dir, EPISODE_DIR, false),
+                        bind(&spec.llm_socket, LLM_SOCKET, false),
+                    ]
+                    .into_iter()
+                    .chain(
+                        spec.python_site
+                            .as_ref()
+                            .map(|site| bind(site, SITE_DIR, true)),
+                    )
+                    .collect(),
+                ),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".to_string(),
                     format!("rw,nosuid,nodev,size={},mode=1777", limits.tmp_bytes),

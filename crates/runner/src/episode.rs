@@ -81,6 +81,9 @@ pub struct EpisodeSpec {
     pub llm_socket: PathBuf,
     pub model: String,
     pub limits: Limits,
+    /// The installed third-party packages of an agent built on a framework
+    /// (`agents::vendor`); read-only, on `PYTHONPATH` after the audit hook.
+    pub python_site: Option<PathBuf>,
 }
 
 impl EpisodeSpec {
@@ -102,6 +105,7 @@ impl EpisodeSpec {
             // Sandboxes share no writable state: no bytecode cache (the image's standard
             // library has its own, read-only).
             pycache_dir: None,
+            python_site: self.python_site.clone(),
         }
     }
 
@@ -119,6 +123,8 @@ pub struct SandboxPaths {
     pub llm_socket: PathBuf,
     /// The directory holding the audit hook's `sitecustomize.py`.
     pub audit_dir: PathBuf,
+    /// Where the agent's third-party packages are, if it has any.
+    pub python_site: Option<PathBuf>,
 }
 
 impl SandboxPaths {
@@ -332,7 +338,7 @@ pub fn sandbox_env(paths: &SandboxPaths, home: &Path) -> Vec<(String, String)> {
         ("HOME".into(), s(home)),
         ("TMPDIR".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
-        ("PYTHONPATH".into(), s(&paths.audit_dir)),
+        ("PYTHONPATH".into(), python_path(paths)),
         (
             "PATHFINDER_AUDIT_LOG".into(),
             s(&paths.out_dir.join("audit.jsonl")),
@@ -347,6 +353,16 @@ pub fn sandbox_env(paths: &SandboxPaths, home: &Path) -> Vec<(String, String)> {
             format!("{}:{}", s(&paths.repo), s(&paths.corpus)),
         ),
     ]
+}
+
+/// The audit hook first (its `sitecustomize` must load before anything else), then the
+/// agent's third-party packages.
+fn python_path(paths: &SandboxPaths) -> String {
+    let mut parts = vec![paths.audit_dir.to_string_lossy().into_owned()];
+    if let Some(site) = &paths.python_site {
+        parts.push(site.to_string_lossy().into_owned());
+    }
+    parts.join(":")
 }
 
 /// The agent's invocation inside the sandbox.
@@ -578,10 +594,14 @@ mod tests {
             corpus: "/corpus".into(),
             llm_socket: "/run/pathfinder/llm.sock".into(),
             audit_dir: "/opt/pathfinder/audit".into(),
+            python_site: Some("/opt/pathfinder/site".into()),
         };
         let env: std::collections::HashMap<_, _> =
             sandbox_env(&paths, Path::new("/tmp")).into_iter().collect();
-        assert_eq!(env["PYTHONPATH"], "/opt/pathfinder/audit");
+        assert_eq!(
+            env["PYTHONPATH"],
+            "/opt/pathfinder/audit:/opt/pathfinder/site"
+        );
         assert_eq!(env["PATHFINDER_AUDIT_LOG"], "/episode/audit.jsonl");
         assert_eq!(
             env["PATHFINDER_AUDIT_ALLOW_UNIX"],

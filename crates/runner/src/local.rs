@@ -139,6 +139,7 @@ impl LocalBackend {
             corpus: spec.corpus_dir.clone(),
             llm_socket: spec.llm_socket.clone(),
             audit_dir: self.hook_dir.path().to_owned(),
+            python_site: spec.python_site.clone(),
         }
     }
 
@@ -189,7 +190,7 @@ impl LocalBackend {
                     &spec.corpus_dir,
                     &self.hook_dir.path().to_owned(),
                 ];
-                for p in ro {
+                for p in ro.into_iter().chain(&spec.python_site) {
                     argv.extend(["--ro-bind".into(), s(p), s(p)]);
                 }
                 argv.extend(["--bind".into(), s(&spec.out_dir), s(&spec.out_dir)]);

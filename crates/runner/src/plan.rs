@@ -84,6 +84,7 @@ pub fn episode_specs(
                 llm_socket: llm_socket.to_owned(),
                 model: model.to_owned(),
                 limits: limits.clone(),
+                python_site: agent.python_site(),
             });
         }
     }

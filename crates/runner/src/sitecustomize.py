@@ -35,6 +35,9 @@ _FS_EVENTS = {
     "os.truncate": "truncate",
     "shutil.rmtree": "rmtree",
 }
+# Which arguments of an event name paths it changes: a link's or symlink's target is only read
+# (the new link is what is written); a rename changes both ends.
+_CHANGED_ARGS = {"os.link": (1,), "os.symlink": (1,), "os.rename": (0, 1)}
 _state = {"written": 0, "busy": False}
 
 
@@ -89,8 +92,10 @@ def _hook(event, args):
         return
     action = _FS_EVENTS.get(event)
     if action is not None:
-        if args and _outside(args[0]):
-            _record("filesystem", "%s of %s" % (action, _text(_os.fsdecode(args[0]))))
+        for i in _CHANGED_ARGS.get(event, (0,)):
+            if len(args) > i and _outside(args[i]):
+                _record("filesystem", "%s of %s" % (action, _text(_os.fsdecode(args[i]))))
+                break
         return
     if event == "socket.connect" or event == "socket.sendto":
         address = args[1] if len(args) > 1 else None

@@ -33,6 +33,16 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Fetch, check and unpack the pinned framework of an agent built on one (its `[python]`
+    /// lock): the framework's packages into the agent directory, its dependencies into
+    /// AGENT/.site. Needs `pip` and PyPI; runs never fetch anything.
+    Vendor {
+        #[arg(long)]
+        agent: String,
+        /// The Python whose pip downloads and installs the wheels.
+        #[arg(long, default_value = "python3")]
+        python: String,
+    },
     /// Run an agent on one task and judge the result.
     Run {
         #[arg(long)]
@@ -46,9 +56,22 @@ enum Command {
     Suite {
         #[arg(long)]
         agent: String,
+        /// Where the agent runs: plain processes on this machine (host; the clean agent only),
+        /// a fresh container per task with no network (docker), the bubblewrap sandbox (local),
+        /// or Docker when an engine answers (auto).
+        #[arg(long, value_enum, default_value_t = SuiteBackend::Host)]
+        backend: SuiteBackend,
         #[command(flatten)]
         run: RunArgs,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SuiteBackend {
+    Host,
+    Auto,
+    Docker,
+    Local,
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +131,26 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     let catalog = catalog()?;
     match args.command {
         Command::List => list(&workspace, &catalog),
+        Command::Vendor { agent, python } => {
+            let dir = workspace.root().join(&agent);
+            if !dir.join("agent.toml").is_file() {
+                anyhow::bail!("no agent {agent:?} in {}", workspace.root().display());
+            }
+            let Some(lock) = agents::vendor::lock_of(&dir)? else {
+                println!("{agent}: no [python] lock in its agent.toml; nothing to vendor");
+                return Ok(());
+            };
+            let done = agents::vendor::vendor(&dir, &lock, &python)
+                .with_context(|| format!("cannot vendor {agent}"))?;
+            println!(
+                "{agent}: {} wheels checked ({} downloaded); {} unpacked into the agent; dependencies in {}",
+                done.wheels,
+                done.downloaded,
+                done.packages.join(", "),
+                done.site.display()
+            );
+            Ok(())
+        }
         Command::Validate => validate(&workspace, &catalog),
         Command::Materialize { agent, out } => {
             let agent = load(&workspace, &agent, &catalog)?;
@@ -138,7 +181,14 @@ pub fn run(args: AgentsArgs) -> Result<()> {
             print_outcome(&outcome);
             Ok(())
         }
-        Command::Suite { agent, run } => {
+        Command::Suite {
+            agent,
+            backend,
+            run,
+        } if backend != SuiteBackend::Host => {
+            sandboxed_suite(&args.agents_dir, &agent, backend, &run)
+        }
+        Command::Suite { agent, run, .. } => {
             let agent = load(&workspace, &agent, &catalog)?;
             let out = run.out.clone().unwrap_or_else(|| {
                 Path::new("runs")
@@ -180,6 +230,72 @@ pub fn run(args: AgentsArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The suite in the runner's sandboxes: one fresh container (or bubblewrap sandbox) per task.
+fn sandboxed_suite(
+    agents_dir: &Path,
+    agent: &str,
+    backend: SuiteBackend,
+    run: &RunArgs,
+) -> Result<()> {
+    let catalog = catalog()?;
+    let out = run.out.clone().unwrap_or_else(|| {
+        Path::new("runs")
+            .join(agent)
+            .join(format!("suite-s{}-sandboxed", run.seed))
+    });
+    let request = runner::RunRequest {
+        agents_dir: agents_dir.to_owned(),
+        agent: agent.to_owned(),
+        tasks: runner::TaskSelection::All,
+        seeds: vec![run.seed],
+        artifact: None,
+        backend: match backend {
+            SuiteBackend::Docker => runner::BackendChoice::Docker,
+            SuiteBackend::Local => runner::BackendChoice::Local,
+            SuiteBackend::Auto | SuiteBackend::Host => runner::BackendChoice::Auto,
+        },
+        llm: match &run.llm {
+            Some(url) => runner::LlmChoice::parse(url)?,
+            None => runner::LlmChoice::Scripted,
+        },
+        model: run.model.clone(),
+        out: out.clone(),
+        concurrency: runner::default_jobs(),
+        limits: runner::Limits {
+            timeout: Duration::from_secs(run.timeout),
+            test_timeout: Duration::from_secs(run.timeout),
+            ..runner::Limits::default()
+        },
+        recipe: PathBuf::from("infra/base-image.toml"),
+        apt_root: PathBuf::from("/etc/apt"),
+    };
+    let report = runner::run_blocking(&request, &catalog, &|m| eprintln!("runner: {m}"))?;
+    for o in report.outcomes.iter().filter(|o| !o.run.success) {
+        println!("FAIL {}: {}", o.run.task_id, o.run.judgement.reason);
+    }
+    println!(
+        "{agent}: {}/{} tasks solved ({:.1}%) on {}, seed {}; {} contained; runs in {}",
+        report.succeeded,
+        report.episodes,
+        100.0 * report.succeeded as f64 / report.episodes.max(1) as f64,
+        report.backend,
+        run.seed,
+        report.contained,
+        out.display()
+    );
+    if report.interrupted {
+        anyhow::bail!("interrupted; every sandbox was removed");
+    }
+    if !report.errors.is_empty() {
+        anyhow::bail!(
+            "{} tasks could not be run: {}",
+            report.errors.len(),
+            report.errors.join("; ")
+        );
+    }
+    Ok(())
 }
 
 fn short(oid: impl std::fmt::Display) -> String {

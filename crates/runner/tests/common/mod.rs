@@ -94,6 +94,7 @@ impl Scratch {
             llm_socket: self.endpoint.socket().to_owned(),
             model: "pathfinder-scripted".into(),
             limits,
+            python_site: None,
         }
     }
 }
