@@ -214,6 +214,24 @@ def _register(tools: list[tuple[str, Callable[..., str]]], caller: ConversableAg
                           description=(function.__doc__ or name).strip())
 
 
+def _researcher_and_writer(tools: list[tuple[str, Callable[..., str]]],
+                           endpoint: Endpoint) -> tuple[ConversableAgent, ConversableAgent]:
+    """The two model roles of the group and sequential patterns, each fitting its prompts into
+    the context window. The descriptions are what the group chat's speaker selection reads."""
+    names = ", ".join(n for n, _ in tools) or "none"
+    researcher = ConversableAgent(
+        "researcher", llm_config=endpoint.llm_config("researcher"), human_input_mode="NEVER",
+        system_message=RESEARCHER_SYSTEM.replace("$tools", names),
+        description="Looks up facts in the corpus with the tools and reports them.")
+    writer = ConversableAgent(
+        "writer", llm_config=endpoint.llm_config("writer"), human_input_mode="NEVER",
+        system_message=WRITER_SYSTEM,
+        description="Gives the team's final answer once the researcher has reported the facts.")
+    for agent in (researcher, writer):
+        fit_context(agent, MAX_TOKENS)
+    return researcher, writer
+
+
 def tool_chat(question: str, tool_names: list[str], endpoint: Endpoint,
               instrument: Callable[[Any], Any]) -> Outcome:
     tools = _tools(tool_names)
@@ -237,23 +255,13 @@ def tool_chat(question: str, tool_names: list[str], endpoint: Endpoint,
 def group_chat(question: str, tool_names: list[str], endpoint: Endpoint,
                instrument: Callable[[Any], Any]) -> Outcome:
     tools = _tools(tool_names)
-    names = ", ".join(n for n, _ in tools) or "none"
-    researcher = ConversableAgent(
-        "researcher", llm_config=endpoint.llm_config("researcher"), human_input_mode="NEVER",
-        system_message=RESEARCHER_SYSTEM.replace("$tools", names),
-        description="Looks up facts in the corpus with the tools and reports them.")
+    researcher, writer = _researcher_and_writer(tools, endpoint)
     executor = UserProxyAgent(
         "executor", human_input_mode="NEVER", code_execution_config=False, llm_config=False,
         description="Runs the researcher's tool calls and returns their results.")
-    writer = ConversableAgent(
-        "writer", llm_config=endpoint.llm_config("writer"), human_input_mode="NEVER",
-        system_message=WRITER_SYSTEM,
-        description="Gives the team's final answer once the researcher has reported the facts.")
     user = UserProxyAgent("user", human_input_mode="NEVER", code_execution_config=False,
                           llm_config=False, description="Asks the question.")
     _register(tools, researcher, executor)
-    for agent in (researcher, writer):
-        fit_context(agent, MAX_TOKENS)
 
     def next_speaker(last: Any, group: GroupChat) -> Any:
         """The researcher keeps the floor until it has looked something up (a plan, or a reply
@@ -285,13 +293,8 @@ def group_chat(question: str, tool_names: list[str], endpoint: Endpoint,
 def sequential(question: str, tool_names: list[str], endpoint: Endpoint,
                instrument: Callable[[Any], Any]) -> Outcome:
     tools = _tools(tool_names)
-    names = ", ".join(n for n, _ in tools) or "none"
-    researcher = ConversableAgent(
-        "researcher", llm_config=endpoint.llm_config("researcher"), human_input_mode="NEVER",
-        system_message=RESEARCHER_SYSTEM.replace("$tools", names))
-    writer = ConversableAgent(
-        "writer", llm_config=endpoint.llm_config("writer"), human_input_mode="NEVER",
-        system_message=WRITER_SYSTEM)
+    researcher, writer = _researcher_and_writer(tools, endpoint)
+
     def reported(message: dict[str, Any]) -> bool:
         """The research chat ends when the researcher reports in words after a lookup."""
         return spoke_in_words(message) and looked_up(user.chat_messages.get(researcher, []))
@@ -301,8 +304,6 @@ def sequential(question: str, tool_names: list[str], endpoint: Endpoint,
         is_termination_msg=reported, max_consecutive_auto_reply=MAX_TOOL_ROUNDS,
         default_auto_reply=NUDGE_LOOKUP)
     _register(tools, researcher, user)
-    for agent in (researcher, writer):
-        fit_context(agent, MAX_TOKENS)
     for agent in (researcher, writer, user):
         instrument(agent)
     results = user.initiate_chats([

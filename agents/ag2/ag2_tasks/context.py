@@ -98,11 +98,14 @@ class ElideOldToolResults:
         # The task (first) and what the model must answer now (last) stay as they are. First
         # the oldest long tool results are cut to their head and tail, then elided whole.
         older = [m for m in out[1:-1] if m.get("role") == "tool" or m.get("tool_responses")]
+        total = sum(count_message(m) for m in out)
         for shorten in (lambda text: head_and_tail(text, CLIP_CHARS), lambda text: ELIDED):
             for message in older:
-                if sum(count_message(m) for m in out) <= budget:
+                if total <= budget:
                     return out
+                before = count_message(message)
                 _rewrite(message, shorten)
+                total -= before - count_message(message)
         return out
 
     def get_logs(self, pre: list[dict[str, Any]], post: list[dict[str, Any]]) -> tuple[str, bool]:

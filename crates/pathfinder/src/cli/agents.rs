@@ -186,7 +186,7 @@ pub fn run(args: AgentsArgs) -> Result<()> {
             backend,
             run,
         } if backend != SuiteBackend::Host => {
-            sandboxed_suite(&args.agents_dir, &agent, backend, &run)
+            sandboxed_suite(&args.agents_dir, &catalog, &agent, backend, &run)
         }
         Command::Suite { agent, run, .. } => {
             let agent = load(&workspace, &agent, &catalog)?;
@@ -235,11 +235,11 @@ pub fn run(args: AgentsArgs) -> Result<()> {
 /// The suite in the runner's sandboxes: one fresh container (or bubblewrap sandbox) per task.
 fn sandboxed_suite(
     agents_dir: &Path,
+    catalog: &Catalog,
     agent: &str,
     backend: SuiteBackend,
     run: &RunArgs,
 ) -> Result<()> {
-    let catalog = catalog()?;
     let out = run.out.clone().unwrap_or_else(|| {
         Path::new("runs")
             .join(agent)
@@ -271,7 +271,7 @@ fn sandboxed_suite(
         recipe: PathBuf::from("infra/base-image.toml"),
         apt_root: PathBuf::from("/etc/apt"),
     };
-    let report = runner::run_blocking(&request, &catalog, &|m| eprintln!("runner: {m}"))?;
+    let report = runner::run_blocking(&request, catalog, &|m| eprintln!("runner: {m}"))?;
     for o in report.outcomes.iter().filter(|o| !o.run.success) {
         println!("FAIL {}: {}", o.run.task_id, o.run.judgement.reason);
     }
