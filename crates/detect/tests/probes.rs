@@ -47,9 +47,11 @@ fn every_probe_runs_and_its_digest_keeps_every_signal_row() {
             }
         }
     }
-    // Every probe but the ones tied to absent structure says something on some trace.
+    // Every probe but the ones tied to absent structure says something on some trace (no
+    // scenario hangs for 10 s: `timing_names_slow_spans_by_decade_and_ignores_clock_noise`
+    // has one that does).
     for (p, n) in LIBRARY.iter().zip(&non_empty) {
-        if !matches!(p.name, "arguments" | "handoffs") {
+        if !matches!(p.name, "arguments" | "handoffs" | "timing") {
             assert!(*n > 0, "probe {} was empty on every trace", p.name);
         }
     }
@@ -115,8 +117,8 @@ fn replies_counted_far_below_their_text_are_flagged() {
 
 #[test]
 fn timing_names_slow_spans_by_decade_and_ignores_clock_noise() {
-    // Two recordings of one run that differ only in how long their fast spans took (a loaded
-    // machine against an idle one), and one span that waited 2.5 s in both.
+    // Two recordings of one run that differ only in how long their other spans took (a loaded
+    // machine against an idle one: up to 2.5 s), and one span that waited 25 s in both.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("traces.db");
     let mut store = traces::Store::open(&path).unwrap();
@@ -125,7 +127,7 @@ fn timing_names_slow_spans_by_decade_and_ignores_clock_noise() {
         let mut clock = spans[0].start_time_ns.unwrap();
         for (i, s) in spans.iter_mut().enumerate() {
             let ms = if i == 2 {
-                2_500
+                25_000
             } else {
                 fast_ms + i as i64 % 3
             };
@@ -137,7 +139,7 @@ fn timing_names_slow_spans_by_decade_and_ignores_clock_noise() {
         (spans, name)
     };
     let (idle, slow) = recording(1, 2);
-    let (loaded, _) = recording(2, 60);
+    let (loaded, _) = recording(2, 2_500);
     store.import_spans(idle, "synthetic:C12").unwrap();
     store.import_spans(loaded, "synthetic:C12").unwrap();
     drop(store);
@@ -146,7 +148,7 @@ fn timing_names_slow_spans_by_decade_and_ignores_clock_noise() {
     let digest = |t: u128| probes::digest(&sql.run(&timing.query(&format!("{t:032x}"))).unwrap());
     assert_eq!(digest(1), digest(2));
     assert!(
-        digest(1).starts_with("slow ") && digest(1).ends_with(&format!("{slow} 1s+")),
+        digest(1).starts_with("slow ") && digest(1).ends_with(&format!("{slow} 10s+")),
         "{}",
         digest(1)
     );

@@ -140,6 +140,41 @@ impl Default for FitOptions {
     }
 }
 
+/// Adam's moments for one parameter vector (β₁ 0.9, β₂ 0.999, ε 1e-8, bias-corrected):
+/// `p ← p − lr · m̂ / (√v̂ + ε)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adam {
+    m: Vec<f32>,
+    v: Vec<f32>,
+    t: i32,
+}
+
+impl Adam {
+    pub fn new(len: usize) -> Adam {
+        Adam {
+            m: vec![0.0; len],
+            v: vec![0.0; len],
+            t: 0,
+        }
+    }
+
+    /// One step of `params` down the gradient `grad` (both of the length given to `new`).
+    pub fn step(&mut self, params: &mut [f32], grad: &[f32], lr: f32) {
+        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+        self.t += 1;
+        let (c1, c2) = (1.0 - b1.powi(self.t), 1.0 - b2.powi(self.t));
+        for ((p, g), (m, v)) in params
+            .iter_mut()
+            .zip(grad)
+            .zip(self.m.iter_mut().zip(self.v.iter_mut()))
+        {
+            *m = b1 * *m + (1.0 - b1) * g;
+            *v = b2 * *v + (1.0 - b2) * g * g;
+            *p -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+        }
+    }
+}
+
 /// One line of a fit's log: what the decision has learned so far.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct FitLog {
@@ -273,9 +308,7 @@ impl Softmax {
             prior: Vec::new(),
         };
         let z: Vec<Vec<f32>> = x.iter().map(|v| model.standardised(v)).collect();
-        let (mut mw, mut vw) = (vec![0f32; classes * dim], vec![0f32; classes * dim]);
-        let (mut mb, mut vb) = (vec![0f32; classes], vec![0f32; classes]);
-        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+        let (mut adam_w, mut adam_b) = (Adam::new(classes * dim), Adam::new(classes));
         let mut best_top1 = -1.0;
         let mut since_best = 0;
         for epoch in 1..=options.max_epochs {
@@ -297,17 +330,8 @@ impl Softmax {
             gw.iter_mut()
                 .zip(&model.weight)
                 .for_each(|(g, w)| *g += options.l2 * w);
-            let t = epoch as i32;
-            let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-            let step = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
-                for i in 0..p.len() {
-                    m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-                    v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
-                    p[i] -= options.lr * (m[i] / c1) / ((v[i] / c2).sqrt() + eps);
-                }
-            };
-            step(&mut model.weight, &gw, &mut mw, &mut vw);
-            step(&mut model.bias, &gb, &mut mb, &mut vb);
+            adam_w.step(&mut model.weight, &gw, options.lr);
+            adam_b.step(&mut model.bias, &gb, options.lr);
             // lps are the log-probabilities before this epoch's update.
             let (nll, top1, top5) = score(&lps, y);
             if top1 > best_top1 {
@@ -434,6 +458,29 @@ mod tests {
             y.push(k);
         }
         (x, y)
+    }
+
+    #[test]
+    fn adam_steps_scale_by_each_parameter_and_reach_the_minimum() {
+        // f(p) = (p₀ − 3)² + 100·(p₁ + 1)²: the first step moves each parameter by lr alone,
+        // whatever its gradient's size, and the steps then settle at the minimum.
+        let grad = |p: &[f32]| vec![2.0 * (p[0] - 3.0), 200.0 * (p[1] + 1.0)];
+        let mut p = vec![0.0f32, 0.0];
+        let mut adam = Adam::new(2);
+        let g = grad(&p);
+        adam.step(&mut p, &g, 0.1);
+        assert!(
+            (p[0] - 0.1).abs() < 1e-4 && (p[1] + 0.1).abs() < 1e-4,
+            "{p:?}"
+        );
+        for _ in 0..2000 {
+            let g = grad(&p);
+            adam.step(&mut p, &g, 0.05);
+        }
+        assert!(
+            (p[0] - 3.0).abs() < 1e-2 && (p[1] + 1.0).abs() < 1e-2,
+            "{p:?}"
+        );
     }
 
     #[test]

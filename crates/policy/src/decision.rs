@@ -90,6 +90,38 @@ pub fn features(
     pool(&hidden, from)
 }
 
+/// What the decision head reads: the model's features of a battery, then (when `terms` > 0)
+/// the battery's terms hashed into `terms` buckets. The terms are the words and within-line
+/// word pairs of the digests (numbers by their order of magnitude, `probes::battery_lines` and
+/// `linear::terms`, as the `classifier` reference reads them), each bucket 1 + ln(count), the
+/// whole L2-normalised. Why both: the pooled hidden states blur which exact lines a digest
+/// holds, and on the default corpus a linear reader of the hashed terms alone names more
+/// held-out traces than one of the pooled states, and gains more from new traces
+/// (BENCHMARKS.md, "What the live traces are worth to each reader").
+pub fn head_input(mut features: Vec<f32>, battery: &[ProbeResult], terms: usize) -> Vec<f32> {
+    if terms == 0 {
+        return features;
+    }
+    let mut buckets = vec![0f32; terms];
+    for term in linear::terms(&probes::battery_lines(battery)) {
+        // FNV-1a: stable across runs and machines, unlike the standard library's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in term.as_bytes() {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        buckets[(h % terms as u64) as usize] += 1.0;
+    }
+    for b in buckets.iter_mut().filter(|b| **b > 0.0) {
+        *b = 1.0 + b.ln();
+    }
+    let norm = buckets.iter().map(|b| b * b).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        buckets.iter_mut().for_each(|b| *b /= norm);
+    }
+    features.extend(buckets);
+    features
+}
+
 /// Mean of the rows from `from` on, then the last row.
 fn pool(hidden: &model::Tensor, from: usize) -> Result<Vec<f32>> {
     let hidden = hidden
@@ -245,6 +277,9 @@ pub struct DecisionHead {
     pub type_model: Softmax,
     pub components: Vec<String>,
     pub component_model: Softmax,
+    /// Hashed term buckets its input ends with ([`head_input`]; 0: the model's features alone).
+    #[serde(default)]
+    pub terms: usize,
 }
 
 /// One decision: the chosen type and component and the type distribution it came from.
@@ -401,6 +436,15 @@ pub fn policy(
             let x = reader
                 .features(&mut pm, battery)
                 .map_err(|e| e.to_string())?;
+            let x = head_input(x, battery, head.terms);
+            if x.len() != head.type_model.dim {
+                return Err(format!(
+                    "the decision head reads {} features, the model and {} term buckets give {}",
+                    head.type_model.dim,
+                    head.terms,
+                    x.len()
+                ));
+            }
             let d = head.decide(&x, temperature, u);
             let text = head.answer(&d);
             if let Some(sink) = &sink {
@@ -427,6 +471,39 @@ mod tests {
         assert_eq!(
             short_name("Temperature value out of model's accepted range"),
             "Temperature value out of model's accepted"
+        );
+    }
+
+    #[test]
+    fn the_head_input_appends_the_battery_terms_hashed_and_normalised() {
+        let battery = |flags: &str| {
+            vec![
+                ProbeResult {
+                    probe: "errors",
+                    digest: "error RecursionError on tool load_schema x3 step 1".into(),
+                },
+                ProbeResult {
+                    probe: "flags",
+                    digest: flags.into(),
+                },
+            ]
+        };
+        let lm = vec![0.5f32, -1.0];
+        // No buckets: the model's features as they are.
+        assert_eq!(head_input(lm.clone(), &battery("none"), 0), lm);
+        let x = head_input(lm.clone(), &battery("flag recursion 3"), 64);
+        assert_eq!(x.len(), 2 + 64);
+        assert_eq!(&x[..2], &lm[..]);
+        let norm: f32 = x[2..].iter().map(|b| b * b).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+        assert!(x[2..].iter().all(|b| *b >= 0.0));
+        // The same battery gives the same input; another flag line gives another.
+        assert_eq!(x, head_input(lm.clone(), &battery("flag recursion 3"), 64));
+        assert_ne!(x, head_input(lm.clone(), &battery("flag timeout 1"), 64));
+        // Numbers count by their order of magnitude, as the classifier reads them.
+        assert_eq!(
+            head_input(lm.clone(), &battery("flag recursion 3"), 64),
+            head_input(lm, &battery("flag recursion 7"), 64)
         );
     }
 
@@ -469,6 +546,7 @@ mod tests {
                 "llm_client.request".into(),
             ],
             component_model: model(3, vec![2.0, 0.5, 1.0]),
+            terms: 0,
         };
         let d = head.decide(&[0.0], 0.0, 0.0);
         assert_eq!(head.types[d.type_index], "P16");
@@ -492,6 +570,7 @@ mod tests {
             type_model: model(3, vec![1.0, 0.0, 0.5]),
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
+            terms: 0,
         };
         assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
         head.set_none_shift(1.5);

@@ -30,7 +30,9 @@ pub struct InjectorChoice {
     pub conversation: Conversation,
 }
 
-/// Asks the model (with `adapter`) to choose among `options` for `agent`.
+/// Asks the model (with `adapter`) to choose among `options` for `agent`. With one option
+/// there is nothing to choose: the model is not run, and the reply is recorded as a message the
+/// policy did not generate (so training finds nothing in it to learn from).
 #[allow(clippy::too_many_arguments)]
 pub fn choose_injection(
     pm: &mut PolicyModel,
@@ -43,7 +45,6 @@ pub fn choose_injection(
     seed: u64,
 ) -> Result<InjectorChoice> {
     let texts: Vec<String> = options.iter().map(InjectionOption::text).collect();
-    let grammar = ChoiceGrammar::new(&pm.tokenizer, &texts, pm.format.im_end)?;
     let mut conversation = Conversation::new();
     conversation.push_message(&pm.tokenizer, "system", &prompt::injector_system())?;
     conversation.push_message(
@@ -51,6 +52,14 @@ pub fn choose_injection(
         "user",
         &prompt::injector_task(agent, components, history),
     )?;
+    if let [only] = texts.as_slice() {
+        conversation.push_message(&pm.tokenizer, "assistant", &format!(" {only}"))?;
+        return Ok(InjectorChoice {
+            index: 0,
+            conversation,
+        });
+    }
+    let grammar = ChoiceGrammar::new(&pm.tokenizer, &texts, pm.format.im_end)?;
     conversation.open_reply(&pm.tokenizer)?;
     let longest = texts.iter().map(|t| t.len()).max().unwrap_or(0);
     let params = SamplingParams {

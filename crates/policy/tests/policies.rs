@@ -295,6 +295,30 @@ fn the_injector_always_chooses_an_offered_option() {
         seen.len() >= 2,
         "temperature 1 should reach several options"
     );
+    // One option: nothing to choose, so nothing generated (and nothing to train on).
+    let only = &options[1..2];
+    let choice = choose_injection(
+        &mut pm,
+        None,
+        "toolcaller",
+        &["tools.schema".into()],
+        "",
+        only,
+        1.0,
+        0,
+    )
+    .unwrap();
+    assert_eq!(choice.index, 0);
+    choice.conversation.check().unwrap();
+    assert_eq!(choice.conversation.generated_count(), 0);
+    let text = pm
+        .tokenizer
+        .decode(&choice.conversation.tokens, false)
+        .unwrap();
+    assert!(
+        text.ends_with("<|im_start|>assistant\n P16 recursive-ref<|im_end|>\n"),
+        "{text}"
+    );
 }
 
 /// `rows` investigations of one trace with the same options, decoded together or alone; their

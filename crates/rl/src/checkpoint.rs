@@ -32,6 +32,14 @@ pub struct TrainerState {
     /// traces (each once per run).
     #[serde(default)]
     pub healthy_seen: std::collections::BTreeSet<(String, String)>,
+    /// Live episodes planted so far per template (`agent/type/variant`), which `[injector]
+    /// focus = "coverage"` divides a template's weight by.
+    #[serde(default)]
+    pub planted: std::collections::BTreeMap<String, usize>,
+    /// The (template, task) pairs planted so far (`agent/type/variant/task`): a template is
+    /// planted on a task it has not run on while it has one.
+    #[serde(default)]
+    pub planted_tasks: std::collections::BTreeSet<String>,
     /// Whether the warm start ran.
     pub warm_started: bool,
 }
@@ -95,7 +103,8 @@ pub fn save(
         head.save(&dir.join(policy::decision::HEAD_FILE))?;
         reference.save(&dir.join(policy::decision::REFERENCE_HEAD_FILE))?;
     }
-    let json = serde_json::to_string_pretty(state).expect("state serialises");
+    // Compact: with the decision head the state holds every reviewed live trace's features.
+    let json = serde_json::to_string(state).expect("state serialises");
     let write = |file: &str, bytes: &[u8]| {
         let p = tmp.join(file);
         std::fs::write(&p, bytes).map_err(|e| RlError::io(&p, e))

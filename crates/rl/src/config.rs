@@ -74,6 +74,14 @@ pub struct HeadConfig {
     pub none_target: f64,
     /// Folds of the cross-validation that sets the operating point.
     pub folds: usize,
+    /// Set the operating point again every this many PPO steps, by the same cross-validation
+    /// over the train split and every live trace reviewed so far (0: keep the warm start's).
+    /// The live stream changes the share of healthy traces the head is fitted on (each
+    /// (agent, task) shows its clean run once per run), and a fixed shift then drifts.
+    pub recalibrate_every: u64,
+    /// Hashed term buckets of the probe digests the head reads beside the model's features
+    /// (`policy::decision::head_input`; 0: the model's features alone).
+    pub terms: usize,
 }
 
 impl Default for HeadConfig {
@@ -86,6 +94,8 @@ impl Default for HeadConfig {
             ppo_lr: 0.02,
             replay: 24,
             none_target: 0.9,
+            recalibrate_every: 0,
+            terms: 0,
             folds: 5,
         }
     }
@@ -169,6 +179,10 @@ pub struct RunSection {
     /// is deficient, and PPO and the reviews only ever pull the Detector away from `none`.
     #[serde(default)]
     pub healthy_per_step: usize,
+    /// Episodes of a step run at once (0: one per core). Each episode's randomness is its
+    /// own, so the number changes how long a step takes, not what it does.
+    #[serde(default)]
+    pub jobs: usize,
 }
 
 fn one() -> u64 {
@@ -226,6 +240,14 @@ pub enum InjectorFocus {
     /// then the Injector chooses among that type's options: the adversary plants what the
     /// Detector gets wrong, estimated without touching held-out traces.
     Confusion,
+    /// Each episode draws one template (agent, type, variant) with probability proportional
+    /// to its type's cross-validated error rate (plus `focus_floor`) divided by one plus the
+    /// traces of that template the Detector has learned from so far (the corpus's train split
+    /// and this run's earlier episodes): a template the train split lacks teaches the most
+    /// (held out, the warm start names 29% of the traces whose template no train trace shares
+    /// and 63% of those with two or more; BENCHMARKS.md), and each repeat teaches less. Types
+    /// the head has no class for are not planted (their traces could not be learned from).
+    Coverage,
 }
 
 impl Default for InjectorSection {
@@ -403,6 +425,20 @@ pub struct HigherOrderConfig {
     /// split) or `example` (one mean over both, so a live trace weighs as much as a train trace:
     /// the live traces grow the train set instead of outweighing it).
     pub weighting: ReviewWeighting,
+    /// With the decision head, the review's steps: `gradient` (plain gradient steps of size
+    /// `lr`) or `adam` (full-batch Adam from the current head, as the warm start fits it).
+    pub optimizer: ReviewOptimizer,
+}
+
+/// The steps of the decision head's review ([`crate::head::review`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewOptimizer {
+    /// Plain gradient steps.
+    #[default]
+    Gradient,
+    /// Full-batch Adam with fresh moments from the current head.
+    Adam,
 }
 
 /// How the decision head's review weighs its live examples ([`crate::head::review`]).
@@ -426,6 +462,7 @@ impl Default for HigherOrderConfig {
             lr: 0.02,
             keep_named: false,
             weighting: ReviewWeighting::Set,
+            optimizer: ReviewOptimizer::Gradient,
         }
     }
 }
@@ -571,11 +608,17 @@ impl RunConfig {
                 "needs a corpus to read the combinations it holds from (`[eval] corpus`)",
             );
         }
-        if self.injector.focus == InjectorFocus::Confusion {
+        if self.injector.focus != InjectorFocus::None {
             if self.detector.decision != Decision::Head {
                 return bad(
                     "injector.focus",
-                    "`confusion` needs the decision head (`[detector] decision = \"head\"`), whose errors it estimates",
+                    "`confusion` and `coverage` need the decision head (`[detector] decision = \"head\"`), whose errors they estimate",
+                );
+            }
+            if self.injector.focus == InjectorFocus::Coverage && self.eval.corpus.is_empty() {
+                return bad(
+                    "injector.focus",
+                    "`coverage` needs a corpus to count the train split's templates in (`[eval] corpus`)",
                 );
             }
             if self.injector.focus_folds < 2 {
@@ -693,6 +736,7 @@ mod tests {
             ("[injector]\nfocus = \"confusion\"\n", "injector.focus"),
             // Still in MINIMAL's [run] table.
             ("backend = \"vm\"\n", "run.backend"),
+            ("[higher_order]\noptimizer = \"sgd\"\n", "optimizer"),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()

@@ -50,6 +50,8 @@ pub struct CorpusPrior {
     /// The (agent, task) pairs whose clean run is a held-out healthy trace: their clean runs are
     /// never shown to the Detector in training (the same task's clean run is that trace's twin).
     held_out_healthy: BTreeSet<(String, String)>,
+    /// Train-split traces per (agent, type, variant).
+    train: BTreeMap<(String, String, String), usize>,
 }
 
 /// The fields of a `corpus.jsonl` record the prior reads.
@@ -95,6 +97,7 @@ impl CorpusPrior {
             new_only: false,
             validated: validated_only.then(BTreeSet::new),
             held_out_healthy: BTreeSet::new(),
+            train: BTreeMap::new(),
         };
         let held_out = |split: &str| held_out_split.split('+').any(|s| s == split);
         let healthy = corpus.join("healthy.jsonl");
@@ -115,6 +118,12 @@ impl CorpusPrior {
                 r.variant.clone(),
                 r.task.clone(),
             ));
+            if r.split == "train" {
+                *prior
+                    .train
+                    .entry((r.agent.clone(), r.deficiency.clone(), r.variant.clone()))
+                    .or_default() += 1;
+            }
             if held_out(&r.split) {
                 prior
                     .held_out
@@ -136,6 +145,16 @@ impl CorpusPrior {
     pub fn healthy_held_out(&self, agent: &str, task: &str) -> bool {
         self.held_out_healthy
             .contains(&(agent.to_owned(), task.to_owned()))
+    }
+
+    /// The corpus's train-split traces of `agent`'s template for `option`.
+    pub fn train_count(&self, agent: &str, option: &InjectionOption) -> usize {
+        let key = (
+            agent.to_owned(),
+            option.deficiency.clone(),
+            option.variant.clone(),
+        );
+        self.train.get(&key).copied().unwrap_or(0)
     }
 
     /// Held-out combinations and, under the filter, validated ones.
@@ -180,7 +199,7 @@ fn env_err(e: impl std::fmt::Display) -> RlError {
 
 impl Environment {
     /// `root` is the repository (with `agents/` and `deficiencies/templates/`); episodes are
-    /// written under `out`.
+    /// written under `out`, `jobs` of them at once (0: one per core).
     pub fn new(
         root: &Path,
         agent_names: &[String],
@@ -188,6 +207,7 @@ impl Environment {
         seed: u64,
         timeout: Duration,
         backend: runner::BackendChoice,
+        jobs: usize,
     ) -> Result<Environment> {
         let workspace = Workspace::open(&root.join("agents")).map_err(env_err)?;
         let catalog = Catalog::embedded().map_err(env_err)?;
@@ -264,6 +284,11 @@ impl Environment {
                 backend,
                 recipe: root.join("infra/base-image.toml"),
                 exit_on_interrupt: true,
+                jobs: if jobs == 0 {
+                    runner::default_jobs()
+                } else {
+                    jobs
+                },
                 ..runner::ExecutorOptions::default()
             },
         };
@@ -301,6 +326,11 @@ impl Environment {
 
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    /// What the corpus told the Injector's options ([`Environment::set_prior`]).
+    pub fn prior(&self) -> &CorpusPrior {
+        &self.prior
     }
 
     pub fn agent(&self, name: &str) -> Result<&AgentInfo> {
@@ -354,9 +384,24 @@ impl Environment {
         option: &InjectionOption,
         pick: u64,
     ) -> Result<Planned> {
+        self.plan_new(id, agent, option, pick, |_| false)
+    }
+
+    /// [`Environment::plan`] among the tasks for which `planted` is false, when there are any:
+    /// the same injection on the same task gives the same trace again, which teaches nothing.
+    pub fn plan_new(
+        &self,
+        id: &str,
+        agent: &str,
+        option: &InjectionOption,
+        pick: u64,
+        planted: impl Fn(&str) -> bool,
+    ) -> Result<Planned> {
         let info = self.agent(agent)?;
         let template = self.template(agent, option)?;
         let pool = self.tasks(agent, info, template);
+        let fresh: Vec<&String> = pool.iter().copied().filter(|t| !planted(t)).collect();
+        let pool = if fresh.is_empty() { pool } else { fresh };
         if pool.is_empty() {
             return Err(RlError::Environment(format!(
                 "{agent}: {} has no task outside the held-out split",
@@ -373,13 +418,14 @@ impl Environment {
         })
     }
 
-    /// Applies, runs and validates one planned injection.
-    pub fn run(&mut self, planned: &Planned) -> Result<Manifest> {
+    /// Applies, runs and validates one planned injection. Episodes may run from several
+    /// threads at once (the runner's executor is shared; each episode has its own directory).
+    pub fn run(&self, planned: &Planned) -> Result<Manifest> {
         self.runner.run(planned).map_err(env_err)
     }
 
     /// Applies a free-form diff instead of `planned`'s template, runs and validates it.
-    pub fn run_diff(&mut self, planned: &Planned, diff: &str) -> Result<Manifest> {
+    pub fn run_diff(&self, planned: &Planned, diff: &str) -> Result<Manifest> {
         self.runner.run_diff(planned, diff).map_err(env_err)
     }
 
@@ -391,6 +437,11 @@ impl Environment {
         }
         let path = self.out().join(corpus::clean_trace_path(&m.agent, &m.task));
         path.is_file().then_some(path)
+    }
+
+    /// How many episodes the executor runs at once (`-j`, by default the machine's cores).
+    pub fn jobs(&self) -> usize {
+        self.runner.executor().jobs()
     }
 
     /// The runner's output directory (manifests' trace paths are relative to it).
@@ -491,6 +542,7 @@ mod tests {
             0,
             Duration::from_secs(5),
             runner::BackendChoice::Local,
+            0,
         )
         .unwrap();
         let info = env.agent(agent).unwrap().clone();
@@ -523,6 +575,9 @@ mod tests {
 
         env.set_prior(CorpusPrior::read(&corpus, "test", false).unwrap())
             .unwrap();
+        // The train split's traces per template: one for `partly`, none for `gone`.
+        assert_eq!(env.prior().train_count(agent, &option(partly)), 1);
+        assert_eq!(env.prior().train_count(agent, &option(gone)), 0);
         let offered = env.options(agent, false).unwrap();
         assert_eq!(offered.len(), all.len() - 1);
         assert!(!offered.contains(&option(gone)) && offered.contains(&option(partly)));

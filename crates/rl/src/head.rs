@@ -29,31 +29,36 @@ use policy::decision::{self, DecisionHead};
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ReviewWeighting;
+use crate::config::{ReviewOptimizer, ReviewWeighting};
 use crate::{Result, RlError};
 
-/// The language model's features of every battery (see [`policy::decision::features`]).
+/// The decision head's input for every battery: the language model's features (see
+/// [`policy::decision::features`]) and `terms` hashed term buckets
+/// ([`policy::decision::head_input`]).
 pub fn features(
     reader: &decision::FeatureReader,
     shared: &SharedModel,
     batteries: &[Vec<ProbeResult>],
+    terms: usize,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<Vec<f32>>> {
     let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = Vec::with_capacity(batteries.len());
     for (i, b) in batteries.iter().enumerate() {
-        out.push(reader.features(&mut pm, b)?);
+        let x = reader.features(&mut pm, b)?;
+        out.push(decision::head_input(x, b, terms));
         progress(i + 1);
     }
     Ok(out)
 }
 
-/// Fits a decision head on the train split's features, logging the type decision's fit on
-/// train and (when given) validation as it goes.
+/// Fits a decision head on the train split's inputs (ending in `terms` hashed term buckets),
+/// logging the type decision's fit on train and (when given) validation as it goes.
 pub fn fit(
     train: &[Labelled],
     train_x: &[Vec<f32>],
     val: Option<(&[Labelled], &[Vec<f32>])>,
+    terms: usize,
     options: &FitOptions,
     log: impl FnMut(&FitLog),
 ) -> Result<DecisionHead> {
@@ -95,6 +100,7 @@ pub fn fit(
         type_model,
         components,
         component_model,
+        terms,
     })
 }
 
@@ -146,23 +152,40 @@ pub fn out_of_fold(
     folds: usize,
     options: &FitOptions,
 ) -> Result<Vec<OutOfFold>> {
-    let mut out: Vec<Option<OutOfFold>> = vec![None; train.len()];
+    let truths: Vec<&str> = train
+        .iter()
+        .map(|t| t.truth.deficiency_id.as_str())
+        .collect();
+    out_of_fold_of(&truths, x, folds, options)
+}
+
+/// [`out_of_fold`] over examples given by their type ids (`truths[i]` is example i's).
+pub fn out_of_fold_of(
+    truths: &[&str],
+    x: &[Vec<f32>],
+    folds: usize,
+    options: &FitOptions,
+) -> Result<Vec<OutOfFold>> {
+    let mut out: Vec<Option<OutOfFold>> = vec![None; truths.len()];
     let folds = folds.max(2);
     for fold in 0..folds {
         let (fit_on, named): (Vec<usize>, Vec<usize>) =
-            (0..train.len()).partition(|i| i % folds != fold);
+            (0..truths.len()).partition(|i| i % folds != fold);
         if fit_on.is_empty() || named.is_empty() {
             continue;
         }
-        let subset: Vec<Labelled> = fit_on.iter().map(|&i| train[i].clone()).collect();
+        let mut types: Vec<String> = Vec::new();
+        let y: Vec<usize> = fit_on
+            .iter()
+            .map(|&i| linear::class_index(&mut types, truths[i]))
+            .collect();
         let sx: Vec<Vec<f32>> = fit_on.iter().map(|&i| x[i].clone()).collect();
-        let classes = eval::classifier::Classes::of(&subset);
-        let model = Softmax::fit(&sx, &classes.y, classes.types.len(), options, None, |_| {})
+        let model = Softmax::fit(&sx, &y, types.len(), options, None, |_| {})
             .map_err(|e| RlError::Sample(format!("cross-validated head: {e}")))?;
-        let types: Arc<[String]> = classes.types.into();
+        let types: Arc<[String]> = types.into();
         for &i in &named {
             out[i] = Some(OutOfFold {
-                truth: train[i].truth.deficiency_id.clone(),
+                truth: truths[i].to_owned(),
                 log_probs: model.log_probs(&x[i]),
                 classes: Arc::clone(&types),
             });
@@ -256,6 +279,46 @@ pub fn focus_type<'a>(
         }
     }
     offered.last().copied()
+}
+
+/// The weight of planting one template under `focus = "coverage"`: its type's error rate in
+/// `errors` plus `floor`, divided by one plus the traces of the template already learned from
+/// (`learned`: the train split's and this run's earlier episodes'). A type the head has no
+/// class for (absent from `errors`) weighs nothing.
+pub fn coverage_weight(
+    errors: &BTreeMap<String, (usize, usize)>,
+    deficiency: &str,
+    floor: f64,
+    learned: usize,
+) -> f64 {
+    errors
+        .get(deficiency)
+        .filter(|(_, n)| *n > 0)
+        .map_or(0.0, |(e, n)| {
+            (floor + *e as f64 / *n as f64) / (1.0 + learned as f64)
+        })
+}
+
+/// An index drawn with probability proportional to `weights` by the uniform number `u` ∈
+/// [0, 1); `None` when no weight is positive.
+pub fn draw(weights: &[f64], u: f64) -> Option<usize> {
+    let total: f64 = weights.iter().filter(|w| **w > 0.0).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut left = u.clamp(0.0, 1.0) * total;
+    let mut last = None;
+    for (i, w) in weights.iter().enumerate() {
+        if *w <= 0.0 {
+            continue;
+        }
+        last = Some(i);
+        left -= w;
+        if left < 0.0 {
+            return Some(i);
+        }
+    }
+    last
 }
 
 /// One sampled decision, ready for PPO.
@@ -410,6 +473,7 @@ pub struct Review {
     pub epochs: usize,
     pub l2: f64,
     pub weighting: ReviewWeighting,
+    pub optimizer: ReviewOptimizer,
 }
 
 /// What a review update did: the failures' and the anchor's top-1 accuracy and mean NLL
@@ -481,6 +545,8 @@ pub fn review(
         return stats;
     }
     let (k, d) = (head.classes, head.dim);
+    let mut adam = (cfg.optimizer == ReviewOptimizer::Adam)
+        .then(|| (linear::Adam::new(k * d), linear::Adam::new(k)));
     for _ in 0..cfg.epochs {
         let mut gw = vec![0f32; k * d];
         let mut gb = vec![0f32; k];
@@ -506,14 +572,25 @@ pub fn review(
             }
         }
         let (lr, l2) = (cfg.lr as f32, cfg.l2 as f32);
-        head.weight
-            .iter_mut()
-            .zip(&gw)
-            .for_each(|(w, g)| *w -= lr * (g + l2 * *w));
-        head.bias
-            .iter_mut()
-            .zip(&gb)
-            .for_each(|(b, g)| *b -= lr * g);
+        gw.iter_mut()
+            .zip(&head.weight)
+            .for_each(|(g, w)| *g += l2 * w);
+        match &mut adam {
+            None => {
+                head.weight
+                    .iter_mut()
+                    .zip(&gw)
+                    .for_each(|(w, g)| *w -= lr * g);
+                head.bias
+                    .iter_mut()
+                    .zip(&gb)
+                    .for_each(|(b, g)| *b -= lr * g);
+            }
+            Some((w_moments, b_moments)) => {
+                w_moments.step(&mut head.weight, &gw, lr);
+                b_moments.step(&mut head.bias, &gb, lr);
+            }
+        }
     }
     let (t1, nll) = top1(head, &zf);
     stats.failures_top1_after = t1;
@@ -810,6 +887,7 @@ mod tests {
             epochs: 30,
             l2: 0.0,
             weighting: ReviewWeighting::Set,
+            optimizer: ReviewOptimizer::Gradient,
         };
         let stats = review(&mut h, &failures, &anchor, &cfg);
         assert_eq!(stats.failures, 1);
@@ -823,6 +901,69 @@ mod tests {
         let stats = review(&mut h, &[], &anchor, &cfg);
         assert_eq!(stats.failures, 0);
         assert_eq!(h, before);
+    }
+
+    #[test]
+    fn coverage_weighs_a_type_by_its_errors_over_what_was_learned_from() {
+        let errors: BTreeMap<String, (usize, usize)> =
+            [("P5".to_string(), (3, 4)), ("C8".to_string(), (0, 4))].into();
+        assert!((coverage_weight(&errors, "P5", 0.1, 0) - 0.85).abs() < 1e-12);
+        assert!((coverage_weight(&errors, "P5", 0.1, 3) - 0.2125).abs() < 1e-12);
+        assert!((coverage_weight(&errors, "C8", 0.1, 1) - 0.05).abs() < 1e-12);
+        // A type the head has no class for is never planted.
+        assert_eq!(coverage_weight(&errors, "P9", 0.1, 0), 0.0);
+    }
+
+    #[test]
+    fn draws_follow_the_weights_and_never_pick_a_zero() {
+        let weights = [0.0, 1.0, 3.0, 0.0];
+        let mut counts = [0usize; 4];
+        for i in 0..1000 {
+            counts[draw(&weights, (i as f64 + 0.5) / 1000.0).unwrap()] += 1;
+        }
+        assert_eq!(counts, [0, 250, 750, 0]);
+        assert_eq!(draw(&[0.0, 0.0], 0.3), None);
+        assert_eq!(draw(&[], 0.3), None);
+        // u at the top of its range still lands on a positive weight.
+        assert_eq!(draw(&weights, 0.999_999_999), Some(2));
+    }
+
+    #[test]
+    fn an_adam_review_takes_in_what_small_gradient_steps_do_not() {
+        // The scenario above on features a tenth the size (and weights ten times larger, so
+        // the same logits): plain gradient steps shrink with the features and leave the failure
+        // misnamed in 30 epochs, while Adam's steps are scaled per parameter, so the same
+        // budget names it, and the anchor stays named.
+        let base = {
+            let mut h = head(3, 2);
+            h.weight = vec![20.0, 0.0, -20.0, 0.0, 0.0, 0.0];
+            h
+        };
+        let anchor_x = [vec![0.1f32, 0.0], vec![-0.1, 0.0]];
+        let anchor: Vec<(&[f32], usize)> = vec![(&anchor_x[0], 0), (&anchor_x[1], 1)];
+        let failures = vec![Failure {
+            features: vec![0.1, 0.3],
+            class: 2,
+            answered: 0,
+        }];
+        let after = |optimizer| {
+            let mut h = base.clone();
+            let cfg = Review {
+                lr: 0.2,
+                epochs: 30,
+                l2: 0.0,
+                weighting: ReviewWeighting::Example,
+                optimizer,
+            };
+            (review(&mut h, &failures, &anchor, &cfg), h)
+        };
+        let (gd, _) = after(ReviewOptimizer::Gradient);
+        assert_eq!(gd.failures_top1_after, 0.0, "{gd:?}");
+        let (adam, h) = after(ReviewOptimizer::Adam);
+        assert_eq!(adam.failures_top1_after, 1.0, "{adam:?}");
+        assert_eq!(adam.anchor_top1_after, 1.0, "{adam:?}");
+        assert_eq!(h.predict(&failures[0].features), 2);
+        assert!(adam.failures_nll_after < gd.failures_nll_after);
     }
 
     #[test]
@@ -859,6 +1000,7 @@ mod tests {
                     epochs: 1,
                     l2: 0.0,
                     weighting,
+                    optimizer: ReviewOptimizer::Gradient,
                 },
             );
             for i in 0..h.weight.len() {

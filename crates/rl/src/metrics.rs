@@ -65,12 +65,20 @@ pub struct StepMetrics {
     pub review_top1_before: Option<f64>,
     pub review_top1_after: Option<f64>,
     pub review_train_top1_after: Option<f64>,
+    /// The operating point (`none`'s shift, nats) when this step set it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub none_shift: Option<f64>,
     /// Healthy traces (clean runs) investigated in this step, and the share of them the
     /// greedy answer called deficient.
     #[serde(default)]
     pub healthy_investigated: Option<usize>,
     #[serde(default)]
     pub healthy_false_positive_rate: Option<f64>,
+    /// Where a PPO step's wall clock went, by phase (`propose`, `episodes` — the agents' runs
+    /// and the investigations beside them —, `score`, `update_injector`, `update_detector`,
+    /// `update_head`), in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_seconds: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// One held-out evaluation.

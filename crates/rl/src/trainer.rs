@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,6 +76,9 @@ struct Episode {
     agent: String,
     deficiency: String,
     injector: Conversation,
+    /// The options the Injector chose among (one: the focus chose for it, and its choice
+    /// carries no gradient).
+    offered: usize,
     manifest: Option<corpus::Manifest>,
     /// The Detector's investigations of the episode's trace (`detector.samples_per_trace` of
     /// them); empty when the injection was not valid.
@@ -101,6 +105,8 @@ struct Scored {
     samples_head: Vec<HeadSample>,
     r_inj_sum: f64,
     r_det_sum: f64,
+    /// Each episode's joint reward (what the Injector's sample is trained on), summed.
+    r_joint_sum: f64,
     detected: usize,
     localised: usize,
     calls: usize,
@@ -119,6 +125,8 @@ struct Scored {
 struct HeadUpdate {
     ppo: head::HeadStats,
     review: Option<head::ReviewStats>,
+    /// The operating point set again in this step (`[head] recalibrate_every`).
+    none_shift: Option<f32>,
 }
 
 /// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
@@ -646,7 +654,10 @@ impl Trainer {
             .filter(|(i, _)| self.ranks().owns(*i))
             .map(|(i, b)| (i, b.clone()))
             .unzip();
-        let x = head::features(&reader, &self.shared, &mine, |i| bar.set_position(i as u64))?;
+        let terms = self.config.head.terms;
+        let x = head::features(&reader, &self.shared, &mine, terms, |i| {
+            bar.set_position(i as u64)
+        })?;
         bar.finish_and_clear();
         let all = self.gather_sorted(indices.into_iter().zip(x).collect(), |(i, _)| *i)?;
         if all.len() != batteries.len() {
@@ -700,6 +711,7 @@ impl Trainer {
             val.as_ref()
                 .zip(val_x.as_ref())
                 .map(|(v, x)| (v.traces.as_slice(), x.as_slice())),
+            self.config.head.terms,
             &options,
             |l| {
                 lines.push(StepMetrics {
@@ -793,6 +805,44 @@ impl Trainer {
         );
         self.write_record("operating-point.json", &point)?;
         Ok(point)
+    }
+
+    /// Sets the head's operating point again as the warm start did, cross-validated over the
+    /// train split and every live trace the head has reviewed so far (their true types); the
+    /// reference head keeps the warm start's. Returns the new shift.
+    fn recalibrate(&mut self, step: u64) -> Result<f32> {
+        let Some((h, _)) = &self.heads else {
+            return Ok(0.0);
+        };
+        let mut truths: Vec<&str> = Vec::new();
+        let mut x: Vec<Vec<f32>> = Vec::new();
+        for (t, f) in &self.replay {
+            truths.push(&t.truth.deficiency_id);
+            x.push(f.clone());
+        }
+        for f in &self.state.head_failures {
+            truths.push(&h.types[f.class]);
+            x.push(f.features.clone());
+        }
+        let read = head::out_of_fold_of(
+            &truths,
+            &x,
+            self.config.head.folds,
+            &self.head_fit_options(0),
+        )?;
+        let point = head::none_shift(&read, self.config.head.none_target);
+        tracing::info!(
+            step,
+            shift = point.shift,
+            healthy = point.healthy,
+            healthy_none = point.healthy_none_after,
+            deficient_named = format!("{} of {}", point.deficient_named_after, point.deficient),
+            "operating point set again over the train split and the reviewed live traces"
+        );
+        if let Some((h, _)) = &mut self.heads {
+            h.set_none_shift(point.shift);
+        }
+        Ok(point.shift)
     }
 
     /// Supervised warm start on the expert's demonstrations of the corpus's train split.
@@ -931,7 +981,7 @@ impl Trainer {
                 let (train, x) = self.train_features()?;
                 self.replay = train.traces.into_iter().zip(x).collect();
             }
-            if self.config.injector.focus == InjectorFocus::Confusion {
+            if self.config.injector.focus != InjectorFocus::None {
                 self.focus = Some(self.confusion_focus()?);
             }
         }
@@ -943,6 +993,7 @@ impl Trainer {
             self.config.run.seed,
             Duration::from_secs(self.config.run.agent_timeout_secs),
             runner::BackendChoice::parse(&self.config.run.backend).map_err(RlError::Environment)?,
+            self.config.run.jobs,
         )?;
         if !self.config.eval.corpus.is_empty() {
             let prior = CorpusPrior::read(
@@ -1030,14 +1081,35 @@ impl Trainer {
     /// rewards are computed and both roles are updated. Each phase is a function below.
     fn step(&mut self, env: &mut Environment, step: u64) -> Result<StepMetrics> {
         let started = Instant::now();
+        let mut phases: BTreeMap<String, f64> = BTreeMap::new();
+        let mut lap = Instant::now();
+        let mut phase_done = |phases: &mut BTreeMap<String, f64>, name: &str| {
+            phases.insert(name.to_owned(), lap.elapsed().as_secs_f64());
+            lap = Instant::now();
+        };
         let n = self.config.run.injections_per_step;
         // 1. The Injector proposes.
         let mut proposed = self.propose(env, step)?;
-        // 2 + 3. Agents run on a worker thread; the Detector takes each trace as it arrives.
+        phase_done(&mut phases, "propose");
+        // 2 + 3. Agents run on worker threads; the Detector takes each trace as it arrives.
         let healthy_pairs = self.run_and_investigate(env, step, &mut proposed)?;
+        phase_done(&mut phases, "episodes");
         self.state.healthy_seen.extend(healthy_pairs);
         // Every rank goes on with every rank's episodes, in step order.
         let episodes = self.gather_episodes(proposed.episodes)?;
+        for e in &episodes {
+            if let Some(m) = &e.manifest {
+                let key = template_key(
+                    &e.agent,
+                    &policy::InjectionOption {
+                        deficiency: m.deficiency.clone(),
+                        variant: m.variant.clone(),
+                    },
+                );
+                self.state.planted_tasks.insert(format!("{key}/{}", m.task));
+                *self.state.planted.entry(key).or_default() += 1;
+            }
+        }
         // 4. Rewards, and the higher-order reviews that join the Detector's batch.
         let mut scored = self.score(env, step, &episodes)?;
         self.write_investigations(step, &scored.log)?;
@@ -1046,6 +1118,7 @@ impl Trainer {
             .then(|| reviews.iter().map(|s| s.reward).sum::<f64>() / reviews.len() as f64);
         let n_reviews = reviews.len();
         scored.samples_det.extend(reviews);
+        phase_done(&mut phases, "score");
         let tokens: usize = scored
             .samples_inj
             .iter()
@@ -1053,11 +1126,11 @@ impl Trainer {
             .map(|s| s.conversation.len())
             .sum();
         // 5. PPO, role-alternating: the Injector's batch, then the Detector's.
-        let (stats, head_update) = self.update(env, step, &mut scored)?;
+        let (stats, head_update) = self.update(env, step, &mut scored, &mut phases)?;
         let head_ppo = head_update.as_ref().map(|u| &u.ppo);
         let review = head_update.as_ref().and_then(|u| u.review);
         let Scored {
-            samples_inj,
+            r_joint_sum,
             r_inj_sum,
             r_det_sum,
             detected,
@@ -1086,7 +1159,7 @@ impl Trainer {
             unix_ms: unix_ms(),
             reward_injector: Some(r_inj_sum / nf),
             reward_detector: per_inv(r_det_sum),
-            reward_joint: Some(samples_inj.iter().map(|s| s.reward).sum::<f64>() / nf),
+            reward_joint: Some(r_joint_sum / nf),
             detection_accuracy: per_inv(detected as f64),
             localisation_accuracy: per_inv(localised as f64),
             injection_unique_types: Some(unique.len()),
@@ -1112,6 +1185,10 @@ impl Trainer {
             clip_fraction: head_ppo
                 .map(|s| s.clip_fraction)
                 .or(weighted(|s| s.clip_fraction)),
+            none_shift: head_update
+                .as_ref()
+                .and_then(|u| u.none_shift)
+                .map(f64::from),
             review_failures: review.map(|r| r.failures),
             review_top1_before: review.map(|r| r.failures_top1_before),
             review_top1_after: review.map(|r| r.failures_top1_after),
@@ -1119,6 +1196,7 @@ impl Trainer {
             healthy_investigated: (healthy > 0).then_some(healthy),
             healthy_false_positive_rate: (healthy > 0)
                 .then(|| healthy_flagged as f64 / healthy as f64),
+            phase_seconds: Some(phases),
             ..StepMetrics::default()
         })
     }
@@ -1140,16 +1218,41 @@ impl Trainer {
             let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
             let mut options = env.options(&agent, diff_mode)?;
             if let Some(errors) = &self.focus {
-                let mut offered: Vec<&str> =
-                    options.iter().map(|o| o.deficiency.as_str()).collect();
-                offered.sort_unstable();
-                offered.dedup();
                 let u = unit(mix(seed, step, i as u64, 7));
                 let floor = self.config.injector.focus_floor;
-                if let Some(ty) = head::focus_type(&offered, errors, floor, u).map(str::to_owned) {
-                    options.retain(|o| o.deficiency == ty);
+                match self.config.injector.focus {
+                    InjectorFocus::Coverage => {
+                        let weights: Vec<f64> = options
+                            .iter()
+                            .map(|o| {
+                                let learned = env.prior().train_count(&agent, o)
+                                    + self
+                                        .state
+                                        .planted
+                                        .get(&template_key(&agent, o))
+                                        .copied()
+                                        .unwrap_or(0);
+                                head::coverage_weight(errors, &o.deficiency, floor, learned)
+                            })
+                            .collect();
+                        if let Some(k) = head::draw(&weights, u) {
+                            options = vec![options[k].clone()];
+                        }
+                    }
+                    _ => {
+                        let mut offered: Vec<&str> =
+                            options.iter().map(|o| o.deficiency.as_str()).collect();
+                        offered.sort_unstable();
+                        offered.dedup();
+                        if let Some(ty) =
+                            head::focus_type(&offered, errors, floor, u).map(str::to_owned)
+                        {
+                            options.retain(|o| o.deficiency == ty);
+                        }
+                    }
                 }
             }
+            let offered = options.len();
             let info = env.agent(&agent)?;
             let choice = {
                 let mut pm = self.shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -1180,13 +1283,13 @@ impl Trainer {
             } else {
                 None
             };
-            chosen.push((i, agent, option, choice, target));
+            chosen.push((i, agent, option, choice, target, offered));
         }
         let mut diffs: Vec<Option<String>> = vec![None; chosen.len()];
         if diff_mode && !chosen.is_empty() {
             let mut proposals: Vec<(&mut Conversation, policy::DiffRequest<'_>)> = chosen
                 .iter_mut()
-                .filter_map(|(i, _, _, choice, target)| {
+                .filter_map(|(i, _, _, choice, target, _)| {
                     let (file, code, deficiency) = target.as_ref()?;
                     Some((
                         &mut choice.conversation,
@@ -1211,18 +1314,21 @@ impl Trainer {
         }
         let mut episodes = Vec::with_capacity(n);
         let mut planned = Vec::with_capacity(n);
-        for (i, agent, option, choice, _) in chosen {
-            planned.push(env.plan(
+        for (i, agent, option, choice, _, offered) in chosen {
+            let key = template_key(&agent, &option);
+            planned.push(env.plan_new(
                 &format!("s{step:05}i{i:02}"),
                 &agent,
                 &option,
                 mix(seed, step, i as u64, 2),
+                |task| self.state.planted_tasks.contains(&format!("{key}/{task}")),
             )?);
             episodes.push(Episode {
                 index: i,
                 agent,
                 deficiency: option.deficiency.clone(),
                 injector: choice.conversation,
+                offered,
                 manifest: None,
                 detections: Vec::new(),
                 head_choices: Vec::new(),
@@ -1275,26 +1381,54 @@ impl Trainer {
         let n = self.config.run.injections_per_step;
         // This rank's valid episodes with a clean run to show: (step index, local index, path).
         let mut candidates: Vec<(usize, usize, PathBuf)> = Vec::new();
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
         let worker_result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
-            let env_ref = &mut *env;
+            let env_ref = &*env;
             let planned_ref = &*planned;
             let diffs_ref = &*diffs;
-            scope.spawn(move || {
-                for (i, p) in planned_ref.iter().enumerate() {
-                    let r = match &diffs_ref[i] {
-                        Some(d) => env_ref.run_diff(p, d),
-                        None => env_ref.run(p),
-                    };
-                    let clean = r.as_ref().ok().and_then(|m| env_ref.clean_trace(m));
-                    let failed = r.is_err();
-                    if tx.send((i, r, clean)).is_err() || failed {
-                        break;
+            // `jobs` workers take the planned episodes in order; the first failure stops new
+            // ones from starting. Each episode's randomness is its own (seeded by its index),
+            // so the order they finish in changes nothing.
+            let jobs = env_ref.jobs().min(planned_ref.len()).max(1);
+            for _ in 0..jobs {
+                let tx = tx.clone();
+                let (next, stop) = (&next, &stop);
+                scope.spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(p) = planned_ref.get(i) else {
+                            break;
+                        };
+                        let r = match &diffs_ref[i] {
+                            Some(d) => env_ref.run_diff(p, d),
+                            None => env_ref.run(p),
+                        };
+                        let clean = r.as_ref().ok().and_then(|m| env_ref.clean_trace(m));
+                        if r.is_err() {
+                            stop.store(true, Ordering::SeqCst);
+                        }
+                        if tx.send((i, r, clean)).is_err() {
+                            stop.store(true, Ordering::SeqCst);
+                            break;
+                        }
                     }
-                }
-            });
+                });
+            }
+            drop(tx);
+            let mut first_error = None;
             for (i, manifest, clean) in rx {
-                let manifest = manifest?;
+                let manifest = match manifest {
+                    Ok(m) => m,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                };
+                if first_error.is_some() {
+                    continue;
+                }
                 // Kept beside the episode for inspection (the corpus layout).
                 let record = corpus::manifest_path(&out, &manifest.id);
                 let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
@@ -1311,9 +1445,11 @@ impl Trainer {
                 }
                 episodes[i].manifest = Some(manifest);
             }
-            Ok(())
+            first_error.map_or(Ok(()), Err)
         });
         worker_result?;
+        // In step order, whichever episode finished first.
+        candidates.sort_by_key(|(index, _, _)| *index);
         if let Some(e) = episodes.iter().find(|e| e.manifest.is_none()) {
             return Err(RlError::Environment(format!(
                 "episode {} of step {step} did not run",
@@ -1385,6 +1521,7 @@ impl Trainer {
         let mut samples_head: Vec<HeadSample> = Vec::new();
         let (mut r_inj_sum, mut r_det_sum, mut detected, mut localised, mut calls) =
             (0.0, 0.0, 0usize, 0usize, 0usize);
+        let mut r_joint_sum = 0.0;
         let mut new_failures: Vec<FailedInvestigation> = Vec::new();
         let mut new_head_failures: Vec<head::Failure> = Vec::new();
         let mut investigated = 0usize;
@@ -1402,12 +1539,16 @@ impl Trainer {
                 // Invalid: the injection never reached the Detector.
                 let r_inj = reward::injector_reward(None, &truth, w);
                 r_inj_sum += r_inj;
-                samples_inj.push(Sample {
-                    role: Role::Injector,
-                    conversation: e.injector.clone(),
-                    reward: r_inj,
-                    group: 0,
-                });
+                r_joint_sum += r_inj;
+                // A choice among one option (the focus made it) teaches the policy nothing.
+                if e.offered > 1 {
+                    samples_inj.push(Sample {
+                        role: Role::Injector,
+                        conversation: e.injector.clone(),
+                        reward: r_inj,
+                        group: 0,
+                    });
+                }
                 self.state.history.push((truth.deficiency.clone(), false));
                 continue;
             }
@@ -1474,12 +1615,16 @@ impl Trainer {
                 }
             }
             r_inj_sum += r_inj;
-            samples_inj.push(Sample {
-                role: Role::Injector,
-                conversation: e.injector.clone(),
-                reward: if w.joint { r_inj + r_det_mean } else { r_inj },
-                group: 0,
-            });
+            let r_joint = if w.joint { r_inj + r_det_mean } else { r_inj };
+            r_joint_sum += r_joint;
+            if e.offered > 1 {
+                samples_inj.push(Sample {
+                    role: Role::Injector,
+                    conversation: e.injector.clone(),
+                    reward: r_joint,
+                    group: 0,
+                });
+            }
             // The clean run beside it, as a healthy trace: the Detector's reward alone (no
             // injection to credit), its own group, and a failure to review when the greedy
             // answer called it deficient.
@@ -1539,6 +1684,7 @@ impl Trainer {
             samples_head,
             r_inj_sum,
             r_det_sum,
+            r_joint_sum,
             detected,
             localised,
             calls,
@@ -1634,6 +1780,7 @@ impl Trainer {
         env: &mut Environment,
         step: u64,
         scored: &mut Scored,
+        phases: &mut BTreeMap<String, f64>,
     ) -> Result<(Vec<ppo::PpoStats>, Option<HeadUpdate>)> {
         let (samples_inj, samples_det) = (&scored.samples_inj, &scored.samples_det);
         let ppo_cfg = self.config.ppo.clone();
@@ -1645,6 +1792,7 @@ impl Trainer {
             if batch.is_empty() {
                 continue;
             }
+            let lap = Instant::now();
             let name = self.adapter(role);
             let optimizer = self
                 .optimizers
@@ -1660,13 +1808,22 @@ impl Trainer {
                 entropy_coef,
                 self.options.ranks.as_ref(),
             )?);
+            let phase = match role {
+                Role::Injector => "update_injector",
+                _ => "update_detector",
+            };
+            phases.insert(phase.to_owned(), lap.elapsed().as_secs_f64());
         }
+        let lap = Instant::now();
         let head_stats = self.update_head(
             env,
             step,
             std::mem::take(&mut scored.samples_head),
             std::mem::take(&mut scored.new_head_failures),
         )?;
+        if head_stats.is_some() {
+            phases.insert("update_head".to_owned(), lap.elapsed().as_secs_f64());
+        }
         Ok((stats, head_stats))
     }
 }
@@ -1880,6 +2037,7 @@ impl Trainer {
                 epochs: ho.epochs,
                 l2: self.config.head.l2,
                 weighting: ho.weighting,
+                optimizer: ho.optimizer,
             };
             let r = head::review(&mut h.type_model, failed, &anchor, &cfg);
             tracing::info!(
@@ -1893,7 +2051,17 @@ impl Trainer {
         } else {
             None
         };
-        Ok(Some(HeadUpdate { ppo: stats, review }))
+        let every = self.config.head.recalibrate_every;
+        let none_shift = if every > 0 && step % every == 0 && self.config.head.none_target > 0.0 {
+            Some(self.recalibrate(step)?)
+        } else {
+            None
+        };
+        Ok(Some(HeadUpdate {
+            ppo: stats,
+            review,
+            none_shift,
+        }))
     }
 }
 
@@ -1925,6 +2093,11 @@ fn review_example(
             answered,
         });
     (example, named)
+}
+
+/// The key of a template in [`TrainerState::planted`].
+fn template_key(agent: &str, option: &policy::InjectionOption) -> String {
+    format!("{agent}/{}/{}", option.deficiency, option.variant)
 }
 
 /// A uniform number in [0, 1) from a mixed 64-bit value.

@@ -93,7 +93,13 @@ fn deterministic_metrics(run: &Path) -> Vec<serde_json::Value> {
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             let o = v.as_object_mut().unwrap();
-            for k in ["unix_ms", "seconds", "episodes_per_min", "tokens_per_s"] {
+            for k in [
+                "unix_ms",
+                "seconds",
+                "episodes_per_min",
+                "tokens_per_s",
+                "phase_seconds",
+            ] {
                 o.remove(k);
             }
             v
@@ -278,25 +284,32 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
             "max_turns = 2\ndecision = \"head\"\nsamples_per_trace = 4",
         )
         // One clean run a step is investigated as a healthy trace beside the injected ones.
+        // Two episodes at once (the step's outcome must not depend on which finishes first).
         .replace(
             "injections_per_step = 2",
-            "injections_per_step = 2\nhealthy_per_step = 1",
+            "injections_per_step = 2\nhealthy_per_step = 1\njobs = 2",
         )
-        // The head reviews its failures (head::review) in every step, so the resumed run
-        // must carry them in its state to repeat the uninterrupted one.
-        .replace("[higher_order]\nper_step = 1", "[higher_order]\nepochs = 5\nbuffer = 16")
+        // The head reviews its failures (head::review, with Adam) in every step, so the
+        // resumed run must carry them in its state to repeat the uninterrupted one.
+        .replace(
+            "[higher_order]\nper_step = 1",
+            "[higher_order]\nepochs = 5\nbuffer = 16\noptimizer = \"adam\"\nlr = 0.01",
+        )
         .replace(
             "[eval]\ncorpus = \"\"",
             &format!(
-                "[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
+                "[injector]\nfocus = \"coverage\"\n[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\nrecalibrate_every = 2\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
                 corpus.display()
             ),
         );
-    let run = |run_dir: &Path, resume: bool, max_steps: Option<u64>| {
-        let config = RunConfig::parse(&text, Path::new("head.toml")).unwrap();
-        let mut t = Trainer::with_model(config, &text, options(run_dir, resume, max_steps), tiny())
-            .unwrap();
+    let run_with = |text: &str, run_dir: &Path, resume: bool, max_steps: Option<u64>| {
+        let config = RunConfig::parse(text, Path::new("head.toml")).unwrap();
+        let mut t =
+            Trainer::with_model(config, text, options(run_dir, resume, max_steps), tiny()).unwrap();
         t.run().unwrap()
+    };
+    let run = |run_dir: &Path, resume: bool, max_steps: Option<u64>| {
+        run_with(&text, run_dir, resume, max_steps)
     };
     let whole = dir.path().join("whole");
     let outcome = run(&whole, false, None);
@@ -356,6 +369,35 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         "moved {moved}, every update skipped {skipped}, failures reviewed {reviewed}"
     );
 
+    // The coverage focus planted only templates of types the head has a class for, and counted
+    // each episode's template and task; step 2 set the operating point again.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(whole.join("step-2/state.json")).unwrap())
+            .unwrap();
+    let planted = state["planted"].as_object().unwrap();
+    assert_eq!(
+        planted.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
+        4,
+        "{planted:?}"
+    );
+    let fitted: serde_json::Value =
+        serde_json::from_str(&head(&whole, 2, policy::decision::HEAD_FILE)).unwrap();
+    let classes: Vec<&str> = fitted["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    for key in planted.keys() {
+        let ty = key.split('/').nth(1).unwrap();
+        assert!(
+            classes.contains(&ty),
+            "planted {key}, head classes {classes:?}"
+        );
+    }
+    assert!(!state["planted_tasks"].as_array().unwrap().is_empty());
+    assert!(ppo[1]["none_shift"].is_number(), "{}", ppo[1]);
+
     // Interrupted after step 1 and resumed: the same head and metrics as the whole run.
     let split = dir.path().join("split");
     assert_eq!(run(&split, false, Some(1)).last_step, 1);
@@ -365,4 +407,17 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         head(&split, 2, policy::decision::HEAD_FILE)
     );
     assert_eq!(deterministic_metrics(&whole), deterministic_metrics(&split));
+
+    // One episode at a time: the same step, only slower.
+    let serial = dir.path().join("serial");
+    let one_job = text.replace("jobs = 2", "jobs = 1");
+    assert_eq!(run_with(&one_job, &serial, false, None).last_step, 2);
+    assert_eq!(
+        head(&whole, 2, policy::decision::HEAD_FILE),
+        head(&serial, 2, policy::decision::HEAD_FILE)
+    );
+    assert_eq!(
+        deterministic_metrics(&whole),
+        deterministic_metrics(&serial)
+    );
 }
