@@ -1540,15 +1540,7 @@ impl Trainer {
                 let r_inj = reward::injector_reward(None, &truth, w);
                 r_inj_sum += r_inj;
                 r_joint_sum += r_inj;
-                // A choice among one option (the focus made it) teaches the policy nothing.
-                if e.offered > 1 {
-                    samples_inj.push(Sample {
-                        role: Role::Injector,
-                        conversation: e.injector.clone(),
-                        reward: r_inj,
-                        group: 0,
-                    });
-                }
+                samples_inj.extend(injector_sample(e, r_inj));
                 self.state.history.push((truth.deficiency.clone(), false));
                 continue;
             }
@@ -1617,14 +1609,7 @@ impl Trainer {
             r_inj_sum += r_inj;
             let r_joint = if w.joint { r_inj + r_det_mean } else { r_inj };
             r_joint_sum += r_joint;
-            if e.offered > 1 {
-                samples_inj.push(Sample {
-                    role: Role::Injector,
-                    conversation: e.injector.clone(),
-                    reward: r_joint,
-                    group: 0,
-                });
-            }
+            samples_inj.extend(injector_sample(e, r_joint));
             // The clean run beside it, as a healthy trace: the Detector's reward alone (no
             // injection to credit), its own group, and a failure to review when the greedy
             // answer called it deficient.
@@ -2106,6 +2091,17 @@ fn unit(x: u64) -> f64 {
 }
 
 /// What a head decision answers, as the reward sees it.
+/// The Injector's PPO sample for an episode, or none when it chose among one option (the
+/// focus made the choice, so it teaches the policy nothing).
+fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
+    (e.offered > 1).then(|| Sample {
+        role: Role::Injector,
+        conversation: e.injector.clone(),
+        reward,
+        group: 0,
+    })
+}
+
 fn head_detection(h: &DecisionHead, d: &policy::decision::Decision, calls: usize) -> Detection {
     let ty = h.types[d.type_index].clone();
     let component = if ty == policy::decision::NONE {
