@@ -17,7 +17,8 @@
 # second, at once (the machine stays warm for 30 s), carries .gpu/bin, .gpu/wheels,
 # .gpu/weights/part-2 and .gpu/weights/SHA256 and runs `run OUT` (about 4 minutes on an H200).
 #
-# `pack` needs ../shared/cuda/build-cuda.sh and the SmolLM2 GGUF in the model cache
+# `pack` needs infra/cuda/build-cuda.sh (the CUDA 13.0 toolkit from PyPI, hash-pinned; it fetches
+# it on first use) and the SmolLM2 GGUF in the model cache
 # (`pathfinder model fetch smollm2-135m`). It leaves in .gpu/:
 #   bin/cuda-tests.xz, bin/throughput.xz   crates/model/tests/cuda.rs and the throughput bench
 #   bin/pathfinder.xz                       the CLI built with --features cuda
@@ -86,7 +87,7 @@ PY
 pack() {
     set -e
     [ -f "$gguf" ] || die "no $gguf: run \`pathfinder model fetch smollm2-135m\` first"
-    local build=../shared/cuda/build-cuda.sh
+    local build=$root/infra/cuda/build-cuda.sh
     [ -x "$build" ] || die "no $build (the CUDA toolkit wrapper)"
     export CARGO_TARGET_DIR=$root/target/cuda
     "$build" cargo bench -p model --features cuda --bench throughput --no-run

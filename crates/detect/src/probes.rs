@@ -28,6 +28,10 @@ pub struct Probe {
     pub purpose: &'static str,
     /// The query, with `{T}` for the quoted trace id; returns one column, `signal`.
     sql: &'static str,
+    /// Whether a learned reader may read its digest. Every feature probe reads the `events`
+    /// view and words of its own; a probe that names the code (`code`) serves localisation
+    /// only, since function and module names identify a framework, not a mistake.
+    pub feature: bool,
 }
 
 impl Probe {
@@ -43,94 +47,122 @@ impl Probe {
 }
 
 /// Every probe, in the order the battery runs them.
+///
+/// The feature probes read the store's framework-neutral `events` view (traces' SCHEMA.md) and
+/// never print a span name, a service, a module path, a tool's or an agent's own name: tools
+/// and agents are `tool1`, `agent2`, … in the order the run first used them, wrapper spans a
+/// framework adds around the work (`workflow`, `other`) are not counted, an error is counted
+/// once where it was raised (not again on each span it propagated through), and a span's
+/// status is `ok` or `failed` (frameworks differ in setting `OK` or leaving it unset). Two
+/// runs that do the same thing under different frameworks' names give the same digests.
 pub const LIBRARY: &[Probe] = &[
     Probe {
         name: "shape",
-        purpose: "size, errors, steps, outcome and span kinds",
+        purpose: "outcome, errors, tokens and events by kind",
         sql: "SELECT signal FROM (\
-SELECT 0 AS o, 'trace spans ' || span_count || ' errors ' || error_count || ' steps ' || COALESCE(max_step, 0) || ' status ' || status || COALESCE(' outcome ' || outcome, '') || ' tokens in ' || input_tokens || ' out ' || output_tokens AS signal FROM traces WHERE trace_id = {T} \
-UNION ALL SELECT 1, 'kind ' || kind || ' ' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END FROM spans WHERE trace_id = {T} GROUP BY kind) ORDER BY o, signal",
+SELECT 0 AS o, 'run ' || CASE WHEN SUM(parent_span_id IS NULL AND is_error = 1) > 0 THEN 'failed' ELSE 'ok' END || ' errors ' || SUM(is_error = 1 AND event NOT IN ('other', 'workflow')) || ' tokens in ' || COALESCE(SUM(CASE WHEN event = 'llm_call' THEN input_tokens END), 0) || ' out ' || COALESCE(SUM(CASE WHEN event = 'llm_call' THEN output_tokens END), 0) AS signal FROM events WHERE trace_id = {T} HAVING COUNT(*) > 0 \
+UNION ALL SELECT 1, 'event ' || event || ' ' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow') GROUP BY event) ORDER BY o, signal",
+        feature: true,
     },
     Probe {
         name: "errors",
-        purpose: "error groups: type, span, code, count, first step, message",
-        sql: "SELECT 'error ' || COALESCE(error_type, '?') || ' on ' || kind || ' ' || name || COALESCE(' in ' || code_function, '') || ' x' || COUNT(*) || ' step ' || COALESCE(MIN(step), '?') || ': ' || substr(COALESCE(MAX(error_message), ''), 1, 90) AS signal \
-FROM spans WHERE trace_id = {T} AND is_error = 1 GROUP BY error_type, kind, name ORDER BY MIN(seq) LIMIT 8",
+        purpose: "errors where they were raised: family, type, event, count, message",
+        sql: "WITH tl AS (SELECT tool, 'tool' || ROW_NUMBER() OVER (ORDER BY MIN(seq)) AS alias FROM events WHERE trace_id = {T} AND tool IS NOT NULL GROUP BY tool) \
+SELECT 'error ' || COALESCE(error_family, 'unspecified') || ' ' || COALESCE(error_type, '?') || ' on ' || event || COALESCE(' ' || tl.alias, '') || ' x' || COUNT(*) || ': ' || substr(COALESCE(MAX(error_message), ''), 1, 90) AS signal \
+FROM events e LEFT JOIN tl ON tl.tool = e.tool WHERE e.trace_id = {T} AND e.is_error = 1 \
+AND NOT EXISTS (SELECT 1 FROM spans c WHERE c.trace_id = e.trace_id AND c.parent_span_id = e.span_id AND c.is_error = 1) \
+GROUP BY error_family, error_type, event, tl.alias ORDER BY MIN(seq) LIMIT 8",
+        feature: true,
     },
     Probe {
         name: "flags",
         purpose: "signature flags in errors, model replies and their token counts",
         sql: "SELECT 'flag ' || f || ' ' || n AS signal FROM (\
-SELECT 'temperature' AS f, SUM(is_error AND error_message LIKE '%temperature%') AS n FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'tool_choice', SUM(is_error AND error_message LIKE '%tool_choice%') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'response_format', SUM(is_error AND (error_message LIKE '%response_format%' OR error_message LIKE '%invalid schema%')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'recursion', SUM(error_type = 'RecursionError') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'dict_mutation', SUM(error_message LIKE '%changed size during iteration%') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'undecodable', SUM(error_type = 'UnicodeDecodeError') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'context_overflow', SUM(is_error AND (error_message LIKE '%context length%' OR error_message LIKE '%context_length%')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'json_decode', SUM(error_type = 'JSONDecodeError') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'enum_mismatch', SUM(is_error AND error_message LIKE '%is not one of%') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'null_argument', SUM(is_error AND (error_message LIKE '%None is not of type%' OR error_message LIKE '%NoneType%')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'tool_call_id', SUM(is_error AND error_message LIKE '%tool_call_id%') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'timeout', SUM(error_type IN ('TimeoutError', 'CancelledError')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'rate_limit', SUM(is_error AND (error_message LIKE '%429%' OR error_message LIKE '%rate limit%')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'refusal', SUM(kind = 'llm' AND (output LIKE '%not allowed to%' OR output LIKE '%would violate%' OR output LIKE '%under the rules%')) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'fenced_reply', SUM(kind = 'llm' AND output LIKE '```%') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'empty_reply', SUM(kind = 'llm' AND COALESCE(output, '') = '') FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'token_undercount', SUM(kind = 'llm' AND output_tokens >= 0 AND length(output) >= 40 AND output_tokens * 20 < length(output)) FROM spans WHERE trace_id = {T} \
-UNION ALL SELECT 'retry_span', SUM(name LIKE '%retry%' OR name LIKE '%backoff%') FROM spans WHERE trace_id = {T} \
+SELECT 'temperature' AS f, SUM(is_error AND error_message LIKE '%temperature%') AS n FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'tool_choice', SUM(is_error AND error_message LIKE '%tool_choice%') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'response_format', SUM(is_error AND (error_message LIKE '%response_format%' OR error_message LIKE '%invalid schema%')) FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'recursion', SUM(error_family = 'recursion') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'dict_mutation', SUM(error_message LIKE '%changed size during iteration%') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'undecodable', SUM(error_family = 'encoding') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'context_overflow', SUM(error_family = 'context_overflow') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'json_decode', SUM(error_type = 'JSONDecodeError') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'enum_mismatch', SUM(is_error AND error_message LIKE '%is not one of%') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'null_argument', SUM(is_error AND (error_message LIKE '%None is not of type%' OR error_message LIKE '%NoneType%')) FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'tool_call_id', SUM(is_error AND error_message LIKE '%tool_call_id%') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'timeout', SUM(error_family = 'timeout') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'rate_limit', SUM(error_family = 'rate_limit') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'refusal', SUM(event = 'llm_call' AND (reply LIKE '%not allowed to%' OR reply LIKE '%would violate%' OR reply LIKE '%under the rules%')) FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'fenced_reply', SUM(event = 'llm_call' AND reply LIKE '```%') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'empty_reply', SUM(event = 'llm_call' AND COALESCE(reply, '') = '') FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'token_undercount', SUM(event = 'llm_call' AND output_tokens >= 0 AND length(reply) >= 40 AND output_tokens * 20 < length(reply)) FROM events WHERE trace_id = {T} \
+UNION ALL SELECT 'retry_span', SUM(event = 'retry') FROM events WHERE trace_id = {T} \
 UNION ALL SELECT 'summarize_span', SUM(name LIKE '%summar%' OR name LIKE '%compress%' OR name LIKE '%truncat%') FROM spans WHERE trace_id = {T}\
 ) WHERE n > 0",
+        feature: true,
     },
     Probe {
         name: "tools",
         purpose: "tool calls, failures, longest runs and identical repeats",
-        sql: "SELECT signal FROM (\
-SELECT 0 AS o, calls AS k, 'tool ' || tool_name || ' calls ' || calls || CASE WHEN errors > 0 THEN ' failed ' || errors ELSE '' END || ' run ' || max_consecutive AS signal FROM trace_tools WHERE trace_id = {T} \
-UNION ALL SELECT 1, n, 'repeat ' || tool_name || ' same arguments x' || n || CASE WHEN errs > 0 THEN ' failed ' || errs ELSE '' END FROM (\
-SELECT tool_name, COUNT(*) AS n, SUM(is_error) AS errs FROM spans WHERE trace_id = {T} AND kind = 'tool' GROUP BY tool_name, tool_arguments HAVING COUNT(*) >= 2)\
+        sql: "WITH tl AS (SELECT tool, 'tool' || ROW_NUMBER() OVER (ORDER BY MIN(seq)) AS alias FROM events WHERE trace_id = {T} AND tool IS NOT NULL GROUP BY tool) \
+SELECT signal FROM (\
+SELECT 0 AS o, calls AS k, 'tool ' || tl.alias || ' calls ' || calls || CASE WHEN errors > 0 THEN ' failed ' || errors ELSE '' END || ' run ' || max_consecutive AS signal FROM trace_tools JOIN tl ON tl.tool = trace_tools.tool_name WHERE trace_id = {T} \
+UNION ALL SELECT 1, n, 'repeat ' || tl.alias || ' same arguments x' || n || CASE WHEN errs > 0 THEN ' failed ' || errs ELSE '' END FROM (\
+SELECT tool, COUNT(*) AS n, SUM(is_error) AS errs FROM events WHERE trace_id = {T} AND event = 'tool_call' GROUP BY tool, arguments HAVING COUNT(*) >= 2) AS r JOIN tl ON tl.tool = r.tool\
 ) ORDER BY o, k DESC, signal LIMIT 10",
+        feature: true,
     },
     Probe {
         name: "llm",
-        purpose: "LLM calls: token trajectory, repeated replies, request parameters",
+        purpose: "LLM calls: token trajectory, repeated replies, finish reasons",
         sql: "SELECT signal FROM (\
-SELECT 0 AS o, 'llm calls ' || COUNT(*) || ' input tokens ' || COALESCE(MIN(input_tokens), 0) || '..' || COALESCE(MAX(input_tokens), 0) || ' drops ' || COALESCE(SUM(input_tokens < prev), 0) || ' distinct replies ' || COUNT(DISTINCT output) || ' max output tokens ' || COALESCE(MAX(output_tokens), 0) AS signal \
-FROM (SELECT input_tokens, output_tokens, output, LAG(input_tokens) OVER (ORDER BY seq) AS prev FROM spans WHERE trace_id = {T} AND kind = 'llm') HAVING COUNT(*) > 0 \
-UNION ALL SELECT 1, 'request ' || replace(key, 'gen_ai.', '') || ' ' || substr(CAST(value AS TEXT), 1, 40) || ' x' || COUNT(*) FROM spans, json_each(spans.attributes) \
-WHERE trace_id = {T} AND kind = 'llm' AND (key LIKE 'gen_ai.request.%' OR key LIKE 'gen_ai.response.finish%') GROUP BY key, value\
+SELECT 0 AS o, 'llm calls ' || COUNT(*) || ' input tokens ' || COALESCE(MIN(input_tokens), 0) || '..' || COALESCE(MAX(input_tokens), 0) || ' drops ' || COALESCE(SUM(input_tokens < prev), 0) || ' distinct replies ' || COUNT(DISTINCT reply) || ' max output tokens ' || COALESCE(MAX(output_tokens), 0) AS signal \
+FROM (SELECT input_tokens, output_tokens, reply, LAG(input_tokens) OVER (ORDER BY seq) AS prev FROM events WHERE trace_id = {T} AND event = 'llm_call') HAVING COUNT(*) > 0 \
+UNION ALL SELECT 1, 'finish ' || reason || ' x' || COUNT(*) FROM (SELECT substr(replace(replace(replace(CAST(value AS TEXT), '[', ''), ']', ''), '\"', ''), 1, 40) AS reason FROM spans, json_each(spans.attributes) \
+WHERE trace_id = {T} AND kind = 'llm' AND key IN ('gen_ai.response.finish_reasons', 'llm.finish_reason')) GROUP BY reason\
 ) ORDER BY o, signal LIMIT 12",
+        feature: true,
     },
     Probe {
-        name: "spans",
-        purpose: "the most frequent span names by kind",
-        sql: "SELECT 'span ' || kind || ' ' || name || ' x' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END AS signal \
-FROM spans WHERE trace_id = {T} GROUP BY kind, name ORDER BY COUNT(*) DESC, name LIMIT 12",
+        name: "sequence",
+        purpose: "which event follows which, and how often",
+        sql: "SELECT 'then ' || prev || ' ' || cur || ' x' || COUNT(*) AS signal FROM (\
+SELECT event || CASE WHEN is_error = 1 THEN '_failed' ELSE '' END AS cur, LAG(event || CASE WHEN is_error = 1 THEN '_failed' ELSE '' END) OVER (ORDER BY seq) AS prev \
+FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow')) WHERE prev IS NOT NULL \
+GROUP BY prev, cur ORDER BY COUNT(*) DESC, signal LIMIT 12",
+        feature: true,
     },
     Probe {
         name: "last",
-        purpose: "how the run ended: its last three spans",
-        sql: "SELECT 'last ' || kind || ' ' || name || ' ' || status_code || COALESCE(' ' || error_type, '') AS signal \
-FROM (SELECT kind, name, status_code, error_type, seq FROM spans WHERE trace_id = {T} AND parent_span_id IS NOT NULL ORDER BY seq DESC LIMIT 3) ORDER BY seq",
+        purpose: "how the run ended: its last three events",
+        sql: "SELECT 'last ' || event || ' ' || CASE WHEN is_error = 1 THEN 'failed' ELSE 'ok' END || COALESCE(' ' || error_family, '') AS signal \
+FROM (SELECT event, is_error, error_family, seq FROM events WHERE trace_id = {T} AND parent_span_id IS NOT NULL AND event NOT IN ('other', 'workflow') ORDER BY seq DESC LIMIT 3) ORDER BY seq",
+        feature: true,
     },
     Probe {
         name: "handoffs",
         purpose: "agents involved and hand-offs between them",
-        sql: "SELECT signal FROM (\
-SELECT 0 AS o, 'agents ' || COUNT(DISTINCT agent_name) || ' handoffs ' || COALESCE(SUM(agent_name <> prev), 0) AS signal \
-FROM (SELECT agent_name, LAG(agent_name) OVER (ORDER BY seq) AS prev FROM spans WHERE trace_id = {T} AND agent_name IS NOT NULL) HAVING COUNT(DISTINCT agent_name) > 0 \
-UNION ALL SELECT 1, 'agent ' || agent_name || ' spans ' || COUNT(*) || ' llm ' || SUM(kind = 'llm') || ' tool ' || SUM(kind = 'tool') FROM spans WHERE trace_id = {T} AND agent_name IS NOT NULL GROUP BY agent_name\
+        sql: "WITH RECURSIVE tree(span_id, agent) AS (\
+SELECT span_id, agent FROM events WHERE trace_id = {T} AND parent_span_id IS NULL \
+UNION ALL SELECT e.span_id, COALESCE(e.agent, tree.agent) FROM events e JOIN tree ON e.parent_span_id = tree.span_id WHERE e.trace_id = {T}), \
+work AS (SELECT e.seq, e.event, tree.agent FROM events e JOIN tree ON tree.span_id = e.span_id WHERE e.trace_id = {T} AND e.event IN ('llm_call', 'tool_call', 'retrieval') AND tree.agent IS NOT NULL), \
+al AS (SELECT agent, 'agent' || ROW_NUMBER() OVER (ORDER BY MIN(seq)) AS alias FROM work GROUP BY agent) \
+SELECT signal FROM (\
+SELECT 0 AS o, 'agents ' || COUNT(DISTINCT agent) || ' handoffs ' || COALESCE(SUM(agent <> prev), 0) AS signal \
+FROM (SELECT agent, LAG(agent) OVER (ORDER BY seq) AS prev FROM work) HAVING COUNT(DISTINCT agent) > 0 \
+UNION ALL SELECT 1, 'agent ' || al.alias || ' llm ' || SUM(event = 'llm_call') || ' tool ' || SUM(event = 'tool_call') FROM work JOIN al ON al.agent = work.agent GROUP BY al.alias\
 ) ORDER BY o, signal LIMIT 8",
+        feature: true,
     },
     Probe {
         name: "arguments",
         purpose: "tool-call arguments: unparseable, null, empty",
         sql: "SELECT 'arguments ' || f || ' ' || n AS signal FROM (\
-SELECT 'unparseable' AS f, SUM(tool_arguments IS NOT NULL AND json_valid(tool_arguments) = 0) AS n FROM spans WHERE trace_id = {T} AND kind = 'tool' \
-UNION ALL SELECT 'null_value', SUM(tool_arguments LIKE '%: null%' OR tool_arguments LIKE '%:null%') FROM spans WHERE trace_id = {T} AND kind = 'tool' \
-UNION ALL SELECT 'empty', SUM(tool_arguments IN ('{}', '')) FROM spans WHERE trace_id = {T} AND kind = 'tool' \
-UNION ALL SELECT 'distinct', COUNT(DISTINCT tool_arguments) FROM spans WHERE trace_id = {T} AND kind = 'tool'\
+SELECT 'unparseable' AS f, SUM(arguments_valid = 0) AS n FROM events WHERE trace_id = {T} AND event = 'tool_call' \
+UNION ALL SELECT 'null_value', SUM(arguments LIKE '%: null%' OR arguments LIKE '%:null%') FROM events WHERE trace_id = {T} AND event = 'tool_call' \
+UNION ALL SELECT 'empty', SUM(arguments IN ('{}', '')) FROM events WHERE trace_id = {T} AND event = 'tool_call' \
+UNION ALL SELECT 'distinct', COUNT(DISTINCT arguments) FROM events WHERE trace_id = {T} AND event = 'tool_call'\
 ) WHERE n > 0",
+        feature: true,
     },
     // Durations by decade from 10 s, and nothing below: a span's duration under 10 s is the
     // machine's load as much as the agent's doing. Two runs of one deterministic agent differ in
@@ -140,20 +172,28 @@ UNION ALL SELECT 'distinct', COUNT(DISTINCT tool_arguments) FROM spans WHERE tra
     // what it is evaluated on. A hang or a timeout lasts 10 s or more.
     Probe {
         name: "timing",
-        purpose: "the slowest span names (10 s or longer, by decade)",
-        sql: "SELECT 'slow ' || kind || ' ' || name || ' ' || CASE \
+        purpose: "the slowest kinds of event (10 s or longer, by decade)",
+        sql: "SELECT 'slow ' || event || ' ' || CASE \
 WHEN MAX(duration_ns) >= 100000000000 THEN '100s+' ELSE '10s+' END AS signal \
-FROM spans WHERE trace_id = {T} AND parent_span_id IS NOT NULL AND duration_ns IS NOT NULL GROUP BY kind, name \
+FROM events WHERE trace_id = {T} AND parent_span_id IS NOT NULL AND duration_ns IS NOT NULL AND event NOT IN ('other', 'workflow') GROUP BY event \
 HAVING MAX(duration_ns) >= 10000000000 \
-ORDER BY (MAX(duration_ns) >= 100000000000) DESC, kind, name LIMIT 3",
+ORDER BY (MAX(duration_ns) >= 100000000000) DESC, event LIMIT 3",
+        feature: true,
     },
     Probe {
         name: "code",
         purpose: "code locations the spans were emitted from",
         sql: "SELECT 'code ' || code_function || ' ' || kind || ' x' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END AS signal \
 FROM spans WHERE trace_id = {T} AND code_function IS NOT NULL GROUP BY code_function, kind ORDER BY SUM(is_error) DESC, COUNT(*) DESC, code_function LIMIT 10",
+        feature: false,
     },
 ];
+
+/// Whether the probe called `name` is one a learned reader reads (see [`Probe::feature`]);
+/// a result of a probe the library does not know is not.
+pub fn is_feature(name: &str) -> bool {
+    by_name(name).is_some_and(|p| p.feature)
+}
 
 /// Turns an investigation by the whole battery takes: one per probe, then the answer.
 pub fn battery_turns() -> usize {
@@ -187,13 +227,49 @@ pub fn digest(observation: &str) -> String {
             }
             continue;
         }
-        out.push(t.to_owned());
+        out.push(scrub(t).into_owned());
     }
     if out.is_empty() {
         "none".into()
     } else {
         out.join("\n")
     }
+}
+
+/// A digest line without the words that name a deployment rather than what happened: file
+/// paths become `<path>`, a dotted module or class path keeps its last part
+/// (`pydantic_ai.exceptions.UnexpectedModelBehavior` → `UnexpectedModelBehavior`), and hex
+/// ids and UUIDs become `<id>`. Error messages quote such words, and a reader that learned them
+/// would learn the framework.
+pub fn scrub(line: &str) -> std::borrow::Cow<'_, str> {
+    use regex::Regex;
+    use std::sync::LazyLock;
+    static PATH: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"(?:[A-Za-z]:)?[\w.~-]*(?:[/\\][\w.~-]+)+/?"#).expect("path pattern")
+    });
+    static DOTTED: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"\b(?:[A-Za-z_][A-Za-z0-9_]*\.)+([A-Za-z_][A-Za-z0-9_]*)\b")
+            .expect("dotted pattern")
+    });
+    static ID: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"\b(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|(?:0x)?[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*|(?:0x)?[0-9a-f]*[0-9][0-9a-f]*[a-f][0-9a-f]*)\b")
+            .expect("id pattern")
+    });
+    let needs = line.contains('/') || line.contains('\\') || line.contains('.') || line.len() >= 8;
+    if !needs {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let text = PATH.replace_all(line, "<path>");
+    let text = DOTTED.replace_all(&text, "$1");
+    let text = ID.replace_all(&text, |c: &regex::Captures<'_>| {
+        // Only long runs are ids; a short hex-looking word (`be4`, `0xff`) is left alone.
+        if c[0].len() >= 8 {
+            "<id>".to_owned()
+        } else {
+            c[0].to_owned()
+        }
+    });
+    std::borrow::Cow::Owned(text.into_owned())
 }
 
 /// Splits a digest into the lowercase word tokens a bag-of-words reader uses, with numbers
@@ -251,11 +327,11 @@ pub fn battery_text(results: &[ProbeResult]) -> String {
     out
 }
 
-/// The battery's digests as lines of tokens (see [`tokens`]), each line's first token its
-/// probe's name, for a bag-of-words reader.
+/// The feature probes' digests as lines of tokens (see [`tokens`]), each line's first token
+/// its probe's name, for a bag-of-words reader.
 pub fn battery_lines(results: &[ProbeResult]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    for r in results {
+    for r in results.iter().filter(|r| is_feature(r.probe)) {
         for line in r.digest.lines() {
             let mut t = vec![r.probe.to_string()];
             t.extend(tokens(line));

@@ -21,7 +21,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 
 /// Tables the Detector may read. Ground truth (`labels`) and bookkeeping (`meta`) are not here.
-pub const READABLE_TABLES: &[&str] = &["traces", "spans", "trace_tools"];
+pub const READABLE_TABLES: &[&str] = &["traces", "spans", "events", "trace_tools"];
 /// Schema tables and table-valued functions that are safe to read.
 const READABLE_SYSTEM: &[&str] = &[
     "sqlite_master",
@@ -85,6 +85,8 @@ pub enum SqlOpenError {
         found: String,
         expected: &'static str,
     },
+    #[error("{path}: the store has no `events` view: an older Pathfinder wrote it, and opening it for writing with this version (any `pathfinder traces import ... --db` into it) adds the view")]
+    NoEventView { path: PathBuf },
 }
 
 /// A guarded read-only connection to one store.
@@ -155,6 +157,20 @@ impl SqlTool {
                 path: path.to_path_buf(),
                 found,
                 expected: traces::SCHEMA_VERSION,
+            });
+        }
+        // The probes read the framework-neutral event view; a store opened for writing by this
+        // version always has it.
+        let has_events: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = 'events')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(open_err)?;
+        if !has_events {
+            return Err(SqlOpenError::NoEventView {
+                path: path.to_path_buf(),
             });
         }
         let deadline: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));

@@ -40,6 +40,9 @@ enum Command {
     /// Score a detector on a labelled store, or a blame baseline on labelled chat logs, with
     /// bootstrap confidence intervals.
     Eval(cli::eval::EvalArgs),
+    /// Set a checkpoint's operating point on your own healthy runs (a conformal threshold that
+    /// bounds the false-positive rate on runs like them), saved beside the checkpoint.
+    Calibrate(cli::calibrate::CalibrateArgs),
     /// Self-play training: warm start on expert demonstrations, then PPO on the Injector and
     /// Detector adapters, with checkpoints and held-out evaluation.
     Train(cli::train::TrainArgs),
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => cli::inject::run(args),
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Eval(args) => cli::eval::run(args),
+        Command::Calibrate(args) => cli::calibrate::run(args),
         Command::Train(args) => cli::train::run(args),
         Command::Report(args) => cli::report::run(args),
     };

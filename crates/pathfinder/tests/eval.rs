@@ -1,5 +1,6 @@
 //! `pathfinder eval` end to end: keyword vs expert on a synthetic labelled store, splits and
-//! ablations, and the chat-log metrics on the Who&When samples.
+//! ablations, and the chat-log metrics on the six chat logs in Who&When's format in
+//! tests/fixtures/who-and-when.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,11 +164,13 @@ fn splits_and_ablations_reach_the_detector() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not-there"));
 }
 
+/// The six labelled chat logs in Who&When's format that the repository carries
+/// (tests/fixtures/who-and-when, written for this project; see its README.md).
 fn who_and_when() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/samples/who-and-when");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/who-and-when");
     assert!(
         dir.is_dir(),
-        "the Who&When samples are missing: expected them at {}",
+        "the chat-log fixtures are missing: expected them at {}",
         dir.display()
     );
     dir

@@ -1,5 +1,5 @@
 //! End-to-end: `pathfinder traces import | schema | export` on the crate's fixtures and the
-//! Who&When samples.
+//! chat logs in Who&When's format in tests/fixtures/who-and-when (written for this project).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -23,18 +23,14 @@ fn fixture(name: &str) -> String {
         .to_string()
 }
 
-fn samples() -> Vec<String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/samples/who-and-when");
-    assert!(
-        dir.is_dir(),
-        "the Who&When samples are missing at {}",
-        dir.display()
-    );
+/// The six chat logs of tests/fixtures/who-and-when, sorted by path.
+fn chat_logs() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/who-and-when");
     let mut files: Vec<PathBuf> = ["algorithm-generated", "hand-crafted"]
         .iter()
         .flat_map(|set| {
             std::fs::read_dir(dir.join(set))
-                .unwrap()
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.join(set).display()))
                 .map(|e| e.unwrap().path())
         })
         .collect();
@@ -49,8 +45,9 @@ fn import_schema_export_round_trip() {
     let mut args = vec!["traces", "import", "--db", db.as_str()];
     let otlp = fixture("otlp_genai_openinference.json");
     args.push(&otlp);
-    let samples = samples();
-    args.extend(samples.iter().map(String::as_str));
+    let chat_logs = chat_logs();
+    assert_eq!(chat_logs.len(), 6, "{chat_logs:?}");
+    args.extend(chat_logs.iter().map(String::as_str));
     let out = pathfinder(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -59,8 +56,10 @@ fn import_schema_export_round_trip() {
         "{stdout}"
     );
     assert!(stdout.contains("7 of 7 files imported"), "{stdout}");
+    // 19 OTLP spans and one span per chat turn: 6 + 7 + 8 + 8 (algorithm-generated/1–4) and
+    // 21 + 23 (hand-crafted/1–2) = 73; one label per chat log.
     assert!(
-        stdout.contains(": 8 traces, 163 spans, 6 labels"),
+        stdout.contains(": 8 traces, 92 spans, 6 labels"),
         "{stdout}"
     );
 

@@ -19,6 +19,7 @@ use detect::probes::{self, ProbeResult};
 use linear::Softmax;
 use serde::{Deserialize, Serialize};
 
+use crate::calibration::{deficiency_score, Calibration};
 use crate::chat::Conversation;
 use crate::detector::PolicyModel;
 use crate::{PolicyError, Result};
@@ -67,7 +68,8 @@ pub fn conversation(
     c.push_message(&pm.tokenizer, "system", system)?;
     let from = c.len();
     c.push_message(&pm.tokenizer, "user", "Investigate the trace.")?;
-    for r in battery {
+    // Only the feature probes: the code's own names say which framework ran, not what failed.
+    for r in battery.iter().filter(|r| probes::is_feature(r.probe)) {
         c.push_message(&pm.tokenizer, "assistant", &format!("probe: {}", r.probe))?;
         c.push_message(&pm.tokenizer, "user", &r.digest)?;
     }
@@ -280,6 +282,10 @@ pub struct DecisionHead {
     /// Hashed term buckets its input ends with ([`head_input`]; 0: the model's features alone).
     #[serde(default)]
     pub terms: usize,
+    /// The operating point set on a user's healthy runs, when one is in use (greedy
+    /// decisions only; kept in its own file beside the checkpoint, not in the head's).
+    #[serde(skip)]
+    pub calibration: Option<Calibration>,
 }
 
 /// One decision: the chosen type and component and the type distribution it came from.
@@ -293,12 +299,23 @@ pub struct Decision {
 
 impl DecisionHead {
     /// Greedy (`temperature` 0: the argmax) or sampled with `u`, a uniform number in [0, 1).
+    ///
+    /// With a [`Calibration`], a greedy decision answers `none` when the trace's deficiency
+    /// score is at or below its threshold and the most likely deficiency otherwise.
     pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> Decision {
         let lp = self.type_model.log_probs(features);
-        let type_index = if temperature <= 0.0 {
-            linear::argmax(&lp)
-        } else {
-            sample(&lp, temperature, u)
+        let type_index = match (&self.calibration, self.none_index()) {
+            (Some(c), Some(none)) if temperature <= 0.0 => {
+                if c.flags(deficiency_score(&self.types, &lp)) {
+                    let mut named = lp.clone();
+                    named[none] = f32::NEG_INFINITY;
+                    linear::argmax(&named)
+                } else {
+                    none
+                }
+            }
+            _ if temperature <= 0.0 => linear::argmax(&lp),
+            _ => sample(&lp, temperature, u),
         };
         Decision {
             type_index,
@@ -324,6 +341,11 @@ impl DecisionHead {
             .map_or(best, |(i, _)| i)
     }
 
+    /// The class index of `none`, when the head has it.
+    pub fn none_index(&self) -> Option<usize> {
+        self.types.iter().position(|t| t == NONE)
+    }
+
     /// Raises `none`'s score by `shift` in every decision (greedy and sampled alike), so a
     /// deficiency is named only when its evidence beats a healthy reading by that margin: the
     /// operating point for users whose traces are mostly healthy. A head without `none` is
@@ -346,7 +368,16 @@ impl DecisionHead {
         } else {
             &self.components[d.component_index]
         };
-        format!("answer: {t} {c} | the probe digests above, p = {p:.2}")
+        match &self.calibration {
+            Some(cal) => format!(
+                "answer: {t} {c} | the probe digests above, p = {p:.2}, deficiency score {:.3} against calibration `{}` (threshold {:.3}, p-value {:.2})",
+                deficiency_score(&self.types, &d.type_log_probs),
+                cal.name,
+                cal.threshold,
+                cal.p_value(deficiency_score(&self.types, &d.type_log_probs))
+            ),
+            None => format!("answer: {t} {c} | the probe digests above, p = {p:.2}"),
+        }
     }
 
     /// Writes the head as JSON to `path` (a temporary name beside it, then a rename).
@@ -547,6 +578,7 @@ mod tests {
             ],
             component_model: model(3, vec![2.0, 0.5, 1.0]),
             terms: 0,
+            calibration: None,
         };
         let d = head.decide(&[0.0], 0.0, 0.0);
         assert_eq!(head.types[d.type_index], "P16");
@@ -571,6 +603,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            calibration: None,
         };
         assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
         head.set_none_shift(1.5);

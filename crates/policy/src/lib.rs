@@ -12,6 +12,8 @@
 //! - [`injector`]: the Injector's choice among the engine's valid injections.
 //! - [`decision`]: the Detector's answer as one whole choice: the probe battery's digests
 //!   read by the model, then a softmax head over the types (and `none`) and the components.
+//! - [`calibration`]: the head's operating point set on a user's own healthy runs (a
+//!   conformal threshold on its deficiency score).
 //! - [`demonstration`]: an expert transcript rewritten as the learned Detector's conversation
 //!   (supervised warm start).
 //! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
@@ -27,6 +29,7 @@
 pub mod baseline;
 pub mod batch;
 pub mod blame;
+pub mod calibration;
 pub mod chat;
 pub mod decision;
 pub mod demonstration;
@@ -59,9 +62,12 @@ pub enum PolicyError {
     /// A prompt that cannot fit its budget (the one-prompt baselines).
     #[error("prompt: {0}")]
     Prompt(String),
-    /// A decision head file that cannot be read or written.
+    /// A decision head or calibration file that cannot be read or written.
     #[error("decision head: {0}")]
     Io(String),
+    /// A calibration that cannot be set (no healthy runs, a rate out of range).
+    #[error("calibration: {0}")]
+    Calibration(String),
     /// A batch of investigations decoded together failed, or a row was used after leaving.
     #[error("batched decoding: {0}")]
     Batch(String),

@@ -101,6 +101,7 @@ pub fn fit(
         components,
         component_model,
         terms,
+        calibration: None,
     })
 }
 

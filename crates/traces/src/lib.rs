@@ -26,4 +26,4 @@ pub use error::{Error, Result};
 pub use import::{Format, ImportOptions, ImportReport};
 pub use label::Label;
 pub use span::{Span, SpanKind, StatusCode};
-pub use store::{ExportedTrace, Store, SCHEMA_SQL, SCHEMA_VERSION};
+pub use store::{ExportedTrace, Store, EVENTS_VIEW_SQL, SCHEMA_SQL, SCHEMA_VERSION};

@@ -39,6 +39,9 @@ fn describe(table: &str) -> &'static str {
     match table {
         "traces" => "one row per trace; all columns but attributes are derived at import",
         "spans" => "one row per span; attributes is the producer's JSON object",
+        "events" => {
+            "a view: each span as a framework-neutral event (llm_call, tool_call, agent_turn, retrieval, validation, retry, workflow, other) with its error family"
+        }
         "trace_tools" => {
             "per trace and tool: calls, errors, total duration, longest run of consecutive calls"
         }
@@ -143,7 +146,7 @@ pub fn discover(conn: &Connection, budget_chars: usize) -> Result<String> {
 /// Tables a prompt may mention, in creation order.
 fn visible_tables(conn: &Connection) -> Result<Vec<String>> {
     let mut stmt = conn.prepare(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid",
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY rowid",
     )?;
     let names = stmt
         .query_map([], |r| r.get::<_, String>(0))?

@@ -117,6 +117,65 @@ CREATE TABLE IF NOT EXISTS labels (
 CREATE INDEX IF NOT EXISTS labels_by_trace ON labels (trace_id);
 "#;
 
+/// The framework-neutral event view over `spans` (SCHEMA.md, "`events`"): what each span *did*
+/// in words that no framework owns. Dropped and made again whenever a store is opened for
+/// writing, so a store always carries this version's definition; it stores nothing.
+///
+/// An exception type keeps only its last dotted part (`openai.BadRequestError` →
+/// `BadRequestError`), and its family is read from that name and the message: the module a
+/// framework raises from names the framework, not the mistake.
+pub const EVENTS_VIEW_SQL: &str = r#"
+DROP VIEW IF EXISTS events;
+CREATE VIEW events AS
+SELECT trace_id, span_id, parent_span_id, seq, step, depth, event,
+    agent_name AS agent,
+    CASE WHEN event = 'tool_call' THEN tool_name END AS tool,
+    CASE WHEN event = 'tool_call' AND tool_arguments IS NOT NULL THEN json_valid(tool_arguments) END AS arguments_valid,
+    CASE WHEN event = 'tool_call' THEN tool_arguments END AS arguments,
+    CASE WHEN event = 'tool_call' AND is_error = 0 THEN output END AS result,
+    CASE WHEN event = 'llm_call' THEN output END AS reply,
+    is_error, status_code AS status, short_type AS error_type,
+    CASE
+        WHEN is_error = 0 AND short_type IS NULL THEN NULL
+        WHEN message LIKE '%context length%' OR message LIKE '%context_length%' OR message LIKE '%context window%' OR message LIKE '%maximum context%' THEN 'context_overflow'
+        WHEN lower(short_type) LIKE '%ratelimit%' OR message LIKE '%429%' OR message LIKE '%rate limit%' THEN 'rate_limit'
+        WHEN lower(short_type) LIKE '%timeout%' OR short_type IN ('CancelledError', 'DeadlineExceeded') THEN 'timeout'
+        WHEN short_type = 'RecursionError' THEN 'recursion'
+        WHEN lower(short_type) LIKE 'unicode%' THEN 'encoding'
+        WHEN lower(short_type) LIKE '%decode%' OR lower(short_type) LIKE '%parse%' OR short_type = 'SyntaxError' THEN 'parse'
+        WHEN lower(short_type) LIKE '%validation%' OR lower(short_type) LIKE '%schema%' THEN 'validation'
+        WHEN lower(short_type) LIKE '%badrequest%' OR lower(short_type) LIKE '%status%error%' OR lower(short_type) LIKE '%apierror%' OR lower(short_type) LIKE '%httperror%' OR lower(short_type) LIKE '%unprocessable%' THEN 'request'
+        WHEN message LIKE '%retries%' OR message LIKE '%retry%' OR lower(short_type) LIKE '%retr%' OR lower(short_type) LIKE '%unexpectedmodel%' THEN 'retries_exhausted'
+        WHEN short_type IN ('KeyError', 'IndexError', 'LookupError', 'FileNotFoundError', 'NotFoundError', 'StopIteration') THEN 'lookup'
+        WHEN short_type IN ('TypeError', 'AttributeError', 'NameError', 'UnboundLocalError') THEN 'type'
+        WHEN short_type IN ('ValueError', 'AssertionError', 'ArithmeticError', 'ZeroDivisionError', 'OverflowError') THEN 'value'
+        WHEN short_type IN ('PermissionError', 'OSError', 'IOError', 'ConnectionError') OR lower(short_type) LIKE '%connection%' THEN 'io'
+        WHEN short_type IS NULL THEN 'unspecified'
+        ELSE 'other'
+    END AS error_family,
+    error_message, duration_ns, input_tokens, output_tokens,
+    CASE WHEN event = 'llm_call' THEN model END AS model
+FROM (
+    SELECT *,
+        CASE
+            WHEN kind = 'llm' THEN 'llm_call'
+            WHEN kind = 'tool' THEN 'tool_call'
+            WHEN kind = 'retriever' THEN 'retrieval'
+            WHEN kind = 'agent' THEN 'agent_turn'
+            WHEN upper(COALESCE(json_extract(attributes, '$."openinference.span.kind"'), '')) IN ('GUARDRAIL', 'EVALUATOR')
+                OR lower(name) LIKE '%guardrail%' OR lower(name) LIKE '%validat%' THEN 'validation'
+            WHEN lower(name) LIKE '%retry%' OR lower(name) LIKE '%retries%' OR lower(name) LIKE '%backoff%' THEN 'retry'
+            WHEN kind = 'chain' OR json_extract(attributes, '$."gen_ai.operation.name"') = 'invoke_workflow' THEN 'workflow'
+            ELSE 'other'
+        END AS event,
+        CASE WHEN error_type IS NOT NULL
+            THEN substr(error_type, length(rtrim(error_type, replace(error_type, '.', ''))) + 1)
+        END AS short_type,
+        COALESCE(error_message, '') AS message
+    FROM spans
+);
+"#;
+
 /// The columns of `spans` in insert order.
 const SPAN_COLUMNS: &str =
     "trace_id, span_id, parent_span_id, name, kind, start_time_ns, end_time_ns, \
@@ -177,7 +236,7 @@ impl Store {
             (64 << 20) / page_size.max(512)
         ))?;
         conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA_SQL} INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+            "BEGIN IMMEDIATE; {SCHEMA_SQL} {EVENTS_VIEW_SQL} INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
         ))?;
         let store = Store { conn, path };
         store.check_version()?;

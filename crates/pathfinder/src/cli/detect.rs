@@ -1,7 +1,7 @@
 //! `pathfinder detect`: run a Detector policy on one trace, or one tool call exactly as the
 //! Detector would make it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::write_atomically;
@@ -34,9 +34,14 @@ pub struct RunArgs {
     /// The trace to investigate.
     #[arg(long)]
     pub trace: Option<String>,
-    /// keyword (the keyword baseline) or expert (the scripted investigator).
+    /// keyword (the keyword baseline), expert (the scripted investigator) or checkpoint:DIR
+    /// (a trained Detector with a decision head, checkpoints/RUN/step-N).
     #[arg(long, default_value = "expert")]
     pub policy: String,
+    /// A checkpoint's operating point: a file written by `pathfinder calibrate`, or `none`
+    /// [default: the checkpoint's calibration.json when it has one].
+    #[arg(long, value_name = "FILE|none")]
+    pub calibration: Option<PathBuf>,
     /// Print the whole investigation (every call and observation).
     #[arg(long)]
     pub transcript: bool,
@@ -109,7 +114,23 @@ fn run_policy(args: RunArgs) -> Result<()> {
         },
         ..Config::default()
     };
-    let policy = detect::policies::by_name(&args.policy).map_err(anyhow::Error::msg)?;
+    let (policy, config) = match args.policy.strip_prefix("checkpoint:") {
+        Some(dir) => {
+            let choice = super::eval_models::CalibrationChoice::parse(args.calibration.as_deref());
+            let trained =
+                super::eval_models::load_checkpoint(Path::new(dir))?.calibrated(&choice)?;
+            // Which operating point decides, on stderr beside the verdict.
+            eprintln!("{}", trained.describe());
+            trained.head_policy()?
+        }
+        None if args.calibration.is_some() => {
+            bail!("--calibration applies to a checkpoint policy (--policy checkpoint:DIR)")
+        }
+        None => (
+            detect::policies::by_name(&args.policy).map_err(anyhow::Error::msg)?,
+            config,
+        ),
+    };
     let detector = Detector::new(db, config, false)?;
     let transcript = detector
         .investigate(trace, policy)

@@ -43,6 +43,33 @@ pub struct EvalArgs {
     /// a detector trained without it.
     #[arg(long, requires = "db", value_name = "NAME")]
     pub holdout_agent: Option<String>,
+    /// The operating point of checkpoint detectors: a calibration file written by `pathfinder
+    /// calibrate`, or `none` for the head's own [default: the checkpoint's calibration.json
+    /// when it has one]. The report names the calibration each checkpoint decided by.
+    #[arg(long, requires = "db", value_name = "FILE|none")]
+    pub calibration: Option<PathBuf>,
+    /// Leave one framework out: each detector that learns (classifier, warm-start:CONFIG) is
+    /// fitted on --train-split without this framework's traces and scored on all of them, with
+    /// its in-distribution figure (the other frameworks' held-out traces) beside it. `all`
+    /// leaves out each framework of the store in turn. A trace's framework is the agent its
+    /// label names.
+    #[arg(long, requires_all = ["db", "train_split"], value_name = "FRAMEWORK|all")]
+    pub leave_out: Option<String>,
+    /// Where a warm-start:CONFIG detector keeps the model's features of each trace (shared
+    /// with training runs, whose cache is RUNS_DIR/.feature-cache).
+    #[arg(
+        long,
+        requires = "leave_out",
+        value_name = "DIR",
+        default_value = "checkpoints/.feature-cache"
+    )]
+    pub feature_cache: PathBuf,
+    /// With --leave-out: also score each warm-start:CONFIG head calibrated (`pathfinder
+    /// calibrate`'s conformal threshold, 5%) on N healthy runs of the framework left out, for
+    /// each N of this list (e.g. 5,20), all on the same traces: the framework's own but the
+    /// calibration runs.
+    #[arg(long, requires = "leave_out", value_name = "N,N")]
+    pub calibrate_with: Option<String>,
     /// A directory of labelled multi-agent chat logs (Who&When format), searched recursively.
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,
@@ -114,6 +141,14 @@ pub fn run(args: EvalArgs) -> Result<()> {
         json,
         charts,
     } = match (&args.db, &args.chatlog) {
+        (Some(db), None) if args.leave_out.is_some() => {
+            let (markdown, json) = super::leave_out::run(db, &args, bootstrap)?;
+            Rendered {
+                markdown,
+                json,
+                charts: Vec::new(),
+            }
+        }
         (Some(db), None) => run_store(db, &args, bootstrap)?,
         (None, Some(dir)) => run_chatlog(dir, &args, bootstrap)?,
         _ => bail!("give exactly one of --db and --chatlog"),
@@ -441,6 +476,8 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                     kept.insert(case.trace_id.clone(), t.clone());
                 }
             };
+            // The name reported: a checkpoint's says which calibration it decided by.
+            let mut shown = detector.clone();
             let cases = match kind {
                 Named::Builtin(name) => {
                     let options = store_eval::RunOptions {
@@ -486,8 +523,17 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                 }
                 Named::Checkpoint(dir) => {
                     bar.set_message(format!("{detector}: loading the checkpoint"));
+                    let choice = eval_models::CalibrationChoice::parse(args.calibration.as_deref());
                     eval_models::load_checkpoint(dir)
-                        .and_then(|trained| trained.run(db, &traces, transcribed))
+                        .and_then(|trained| trained.calibrated(&choice))
+                        .and_then(|trained| {
+                            shown = trained.describe();
+                            bar.println(&shown);
+                            if let Some(c) = &trained.calibration {
+                                bar.println(c.describe());
+                            }
+                            trained.run(db, &traces, transcribed)
+                        })
                         .with_context(|| format!("detector {detector}"))
                 }
             };
@@ -503,7 +549,7 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                 store: db.display().to_string(),
                 holdout_agent: args.holdout_agent.clone(),
                 split: args.split.as_ref().map(|p| p.display().to_string()),
-                detector: detector.clone(),
+                detector: shown,
                 ablations: ablation_names.clone(),
                 bootstrap,
                 summary: metrics::summarise(&cases, &catalog, &bootstrap),

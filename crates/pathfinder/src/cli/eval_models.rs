@@ -10,6 +10,7 @@ use ::eval::metrics::Case;
 use ::eval::store_eval::{self, Labelled};
 use anyhow::{bail, Context, Result};
 use model::{DType, Device};
+use policy::calibration::Calibration;
 use policy::{ActionGrammar, DetectorOptions, LearnedDetector, PolicyModel, SharedModel};
 
 /// A detector named on the command line.
@@ -142,6 +143,32 @@ pub struct Trained {
     pub config: rl::RunConfig,
     pub model: PolicyModel,
     pub adapter: &'static str,
+    /// The operating point its decisions use: the checkpoint's `calibration.json` unless
+    /// another (or none) was chosen ([`Trained::calibrated`]).
+    pub calibration: Option<Calibration>,
+}
+
+/// Which calibration a checkpoint's decisions use (`--calibration`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum CalibrationChoice {
+    /// The checkpoint's own `calibration.json`, if it has one.
+    #[default]
+    Beside,
+    /// The head's operating point as trained, ignoring any calibration file.
+    Off,
+    /// A calibration file written by `pathfinder calibrate`.
+    File(PathBuf),
+}
+
+impl CalibrationChoice {
+    /// `none`, a file, or (absent) the checkpoint's own.
+    pub fn parse(arg: Option<&Path>) -> CalibrationChoice {
+        match arg {
+            None => CalibrationChoice::Beside,
+            Some(p) if p.as_os_str() == "none" => CalibrationChoice::Off,
+            Some(p) => CalibrationChoice::File(p.to_path_buf()),
+        }
+    }
 }
 
 /// Checks that `dir` is a checkpoint with a Detector adapter whose base model is there,
@@ -215,12 +242,113 @@ impl Trained {
         }
         rl::checkpoint::load_adapter(&mut model.model, dir, adapter)
             .with_context(|| format!("loading the adapter {}", adapter_dir.display()))?;
+        let calibration = Calibration::beside(dir)
+            .with_context(|| format!("reading the calibration beside {}", dir.display()))?;
         Ok(Trained {
             dir: dir.to_path_buf(),
             config,
             model,
             adapter,
+            calibration,
         })
+    }
+
+    /// The same checkpoint deciding with the calibration `choice` names.
+    pub fn calibrated(mut self, choice: &CalibrationChoice) -> Result<Trained> {
+        self.calibration = match choice {
+            CalibrationChoice::Beside => self.calibration,
+            CalibrationChoice::Off => None,
+            CalibrationChoice::File(path) => Some(
+                Calibration::load(path)
+                    .with_context(|| format!("--calibration {}", path.display()))?,
+            ),
+        };
+        Ok(self)
+    }
+
+    /// What the detector is called in reports: `checkpoint:DIR`, with the calibration it
+    /// decides by.
+    pub fn describe(&self) -> String {
+        match &self.calibration {
+            Some(c) => format!(
+                "checkpoint:{} (calibration `{}`, {} healthy runs)",
+                self.dir.display(),
+                c.name,
+                c.healthy_scores.len()
+            ),
+            None => format!("checkpoint:{} (no calibration)", self.dir.display()),
+        }
+    }
+
+    /// The decision head, its feature reader and the shared model: the whole-choice Detector.
+    fn head_parts(
+        self,
+    ) -> Result<(
+        Arc<policy::decision::DecisionHead>,
+        Arc<policy::decision::FeatureReader>,
+        SharedModel,
+    )> {
+        let Some((mut head, _)) = rl::head::load(self.dir.as_path(), self.adapter)? else {
+            bail!(
+                "{}: the checkpoint has no decision head (`[detector] decision = \"head\"`); only a head's operating point can be calibrated",
+                self.dir.display()
+            );
+        };
+        head.calibration = self.calibration;
+        let system = policy::decision::system_prompt(&catalog()?);
+        let cache = self
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .map(|runs| runs.join(".feature-cache"))
+            .filter(|c| c.is_dir());
+        let shared: SharedModel = Arc::new(Mutex::new(self.model));
+        let reader = rl::head::reader(&shared, self.adapter, &system, cache.as_deref())?;
+        Ok((Arc::new(head), reader, shared))
+    }
+
+    /// The whole-choice Detector as one policy and the episode configuration it runs under,
+    /// for `pathfinder detect run --policy checkpoint:DIR`.
+    pub fn head_policy(self) -> Result<(Box<dyn detect::Policy>, detect::Config)> {
+        let (head, reader, shared) = self.head_parts()?;
+        Ok((
+            rl::head::evaluation_policy(&shared, &head, &reader),
+            rl::evaluate::learned_config(detect::probes::battery_turns()),
+        ))
+    }
+
+    /// The deficiency score (1 − p(none)) of each trace of `ids` in `db`, as the decision
+    /// head reads it: what `pathfinder calibrate` sets a threshold over.
+    pub fn scores(
+        self,
+        db: &Path,
+        ids: &[String],
+        mut on_done: impl FnMut(usize),
+    ) -> Result<Vec<f32>> {
+        let (head, reader, shared) = self.head_parts()?;
+        let sql = detect::sql::SqlTool::open(db, detect::sql::SqlLimits::default())
+            .with_context(|| format!("opening {}", db.display()))?;
+        let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            let battery = detect::probes::run_battery(&sql, id);
+            let x = reader
+                .features(&mut pm, &battery)
+                .with_context(|| format!("reading trace {id}"))?;
+            let x = policy::decision::head_input(x, &battery, head.terms);
+            if x.len() != head.type_model.dim {
+                bail!(
+                    "the decision head reads {} features, the model and {} term buckets give {}",
+                    head.type_model.dim,
+                    head.terms,
+                    x.len()
+                );
+            }
+            let lp = head.type_model.log_probs(&x);
+            out.push(policy::calibration::deficiency_score(&head.types, &lp));
+            on_done(i + 1);
+        }
+        Ok(out)
     }
 
     /// Blames each imported chat log with the Detector adapter choosing among the log's turns
@@ -262,21 +390,11 @@ impl Trained {
             observation_chars: self.config.detector.observation_chars,
             seed: 0,
         };
-        let heads = rl::head::load(self.dir.as_path(), self.adapter)?;
-        let shared: SharedModel = Arc::new(Mutex::new(self.model));
-        if let Some((head, _)) = heads {
-            // The whole-choice Detector: the probe battery, then the decision head.
-            let head = Arc::new(head);
-            let system = policy::decision::system_prompt(&catalog()?);
-            // The run's feature cache (RUNS_DIR/.feature-cache): the frozen model read these
-            // traces the same way during training.
-            let cache = self
-                .dir
-                .parent()
-                .and_then(Path::parent)
-                .map(|runs| runs.join(".feature-cache"))
-                .filter(|c| c.is_dir());
-            let reader = rl::head::reader(&shared, self.adapter, &system, cache.as_deref())?;
+        if rl::head::load(self.dir.as_path(), self.adapter)?.is_some() {
+            // The whole-choice Detector: the probe battery, then the decision head, reading
+            // through the run's feature cache (RUNS_DIR/.feature-cache): the frozen model read
+            // these traces the same way during training.
+            let (head, reader, shared) = self.head_parts()?;
             return Ok(store_eval::run_policies_transcribed(
                 db,
                 traces,
@@ -285,6 +403,13 @@ impl Trained {
                 on_done,
             )?);
         }
+        if self.calibration.is_some() {
+            bail!(
+                "{}: a calibration applies to a decision head, and this checkpoint decodes its answers token by token",
+                self.dir.display()
+            );
+        }
+        let shared: SharedModel = Arc::new(Mutex::new(self.model));
         let cases = store_eval::run_policies_transcribed(
             db,
             traces,

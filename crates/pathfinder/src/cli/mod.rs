@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
 pub mod agents;
+pub mod calibrate;
 pub mod corpus;
 pub mod detect;
 pub mod eval;
 pub mod eval_models;
 pub mod inject;
+pub mod leave_out;
 pub mod model;
 pub mod report;
 pub mod run;

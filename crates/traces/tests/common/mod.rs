@@ -12,14 +12,10 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The six Who&When chat logs in shared/samples (beside the repository in CI).
-pub fn who_and_when_samples() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/samples/who-and-when");
-    assert!(
-        dir.is_dir(),
-        "the Who&When samples are missing: expected them at {} (shared/ must sit beside the repository)",
-        dir.display()
-    );
+/// The six chat logs in Who&When's format that the repository carries
+/// (tests/fixtures/who-and-when, written for this project; see its README.md).
+pub fn who_and_when_fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/who-and-when");
     let mut files = Vec::new();
     for set in ["algorithm-generated", "hand-crafted"] {
         let mut set_files: Vec<PathBuf> = std::fs::read_dir(dir.join(set))
@@ -33,7 +29,7 @@ pub fn who_and_when_samples() -> Vec<PathBuf> {
     assert_eq!(
         files.len(),
         6,
-        "expected six sample chat logs in {}",
+        "expected six chat logs in {}",
         dir.display()
     );
     files

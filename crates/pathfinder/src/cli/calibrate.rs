@@ -1,0 +1,169 @@
+//! `pathfinder calibrate`: sets a checkpoint's operating point on a user's own healthy runs
+//! (a conformal threshold on the decision head's deficiency score, `policy::calibration`),
+//! and saves it beside the checkpoint, where `detect` and `eval` find it.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use policy::calibration::Calibration;
+
+use super::eval_models;
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// The trace store holding the healthy runs.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// The healthy runs: a file (JSON Lines with `trace_id`, or one id a line) or a
+    /// comma-separated list of trace ids. 19 or more bound the false-positive rate at 5%.
+    #[arg(long, value_name = "IDS|FILE")]
+    pub healthy: String,
+    /// A training checkpoint with a decision head (checkpoints/RUN/step-N).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// The false-positive rate to hold on runs like the healthy ones.
+    #[arg(long, default_value_t = 0.05)]
+    pub alpha: f64,
+    /// What the healthy runs are (your framework or deployment), shown wherever the
+    /// calibration is used [default: the store's file name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Write the calibration here instead of DIR/calibration.json.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: CalibrateArgs) -> Result<()> {
+    let ids = healthy_ids(&args.healthy)?;
+    check_ids(&args.db, &ids)?;
+    let name = args.name.clone().unwrap_or_else(|| {
+        args.db
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "healthy runs".into())
+    });
+    eval_models::check_checkpoint(&args.checkpoint)?;
+    let trained = eval_models::load_checkpoint(&args.checkpoint)?
+        .calibrated(&eval_models::CalibrationChoice::Off)?;
+    let bar = ProgressBar::new(ids.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("scoring {bar:30} {pos}/{len} healthy runs")
+            .expect("valid template"),
+    );
+    let scores = trained.scores(&args.db, &ids, |i| bar.set_position(i as u64))?;
+    bar.finish_and_clear();
+    let calibration = Calibration::conformal(&name, &scores, args.alpha)?;
+    let flagged_before = scores.iter().filter(|s| **s > 0.5).count();
+    let written = match &args.out {
+        Some(path) => {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+            let tmp_dir = dir.unwrap_or(Path::new("."));
+            let saved = calibration.save(tmp_dir)?;
+            if saved != *path {
+                std::fs::rename(&saved, path)
+                    .with_context(|| format!("moving {} to {}", saved.display(), path.display()))?;
+            }
+            path.clone()
+        }
+        None => calibration.save(&args.checkpoint)?,
+    };
+    println!("{}", calibration.describe());
+    println!(
+        "healthy scores: min {:.3}, median {:.3}, max {:.3}; {} of {} scored above 0.5",
+        calibration.healthy_scores[0],
+        calibration.healthy_scores[calibration.healthy_scores.len() / 2],
+        calibration.healthy_scores[calibration.healthy_scores.len() - 1],
+        flagged_before,
+        scores.len()
+    );
+    println!("wrote {}", written.display());
+    Ok(())
+}
+
+/// The ids `--healthy` names: a file's (JSON Lines with `trace_id`, or bare ids) or the list's.
+fn healthy_ids(arg: &str) -> Result<Vec<String>> {
+    let path = Path::new(arg);
+    let ids: Vec<String> = if path.is_file() {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut ids = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            if line.starts_with('{') {
+                let value: serde_json::Value = serde_json::from_str(line)
+                    .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+                match value.get("trace_id").and_then(serde_json::Value::as_str) {
+                    Some(id) if !id.is_empty() => ids.push(id.to_owned()),
+                    _ => bail!(
+                        "{} line {}: missing `trace_id` (a non-empty string)",
+                        path.display(),
+                        i + 1
+                    ),
+                }
+            } else {
+                ids.push(line.to_owned());
+            }
+        }
+        ids
+    } else {
+        arg.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    if ids.is_empty() {
+        bail!("--healthy {arg}: names no trace (a file of ids, or ids separated by commas)");
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = ids.iter().find(|id| !seen.insert(id.as_str())) {
+        bail!("--healthy: trace {dup} is named twice");
+    }
+    Ok(ids)
+}
+
+/// Every id must be a trace of the store.
+fn check_ids(db: &Path, ids: &[String]) -> Result<()> {
+    let store =
+        traces::Store::open_read_only(db).with_context(|| format!("opening {}", db.display()))?;
+    let mut stmt = store
+        .connection()
+        .prepare("SELECT 1 FROM traces WHERE trace_id = ?1")?;
+    for id in ids {
+        if !stmt.exists([id])? {
+            bail!("--healthy: {} holds no trace {id}", db.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthy_runs_come_from_a_list_or_a_file() {
+        assert_eq!(healthy_ids("a, b,c").unwrap(), vec!["a", "b", "c"]);
+        assert!(healthy_ids(" , ").is_err());
+        assert!(healthy_ids("a,a")
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("healthy.jsonl");
+        std::fs::write(&file, "{\"trace_id\": \"t1\"}\n\nt2\n").unwrap();
+        assert_eq!(
+            healthy_ids(file.to_str().unwrap()).unwrap(),
+            vec!["t1", "t2"]
+        );
+        std::fs::write(&file, "{\"id\": \"t1\"}\n").unwrap();
+        let err = healthy_ids(file.to_str().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+    }
+}

@@ -1,0 +1,748 @@
+//! `pathfinder eval --leave-out FRAMEWORK|all`: the Detector on a framework it never trained
+//! on. For each framework left out, every detector that learns is fitted on the other
+//! frameworks' train split alone and scored on every trace of the one left out, and on the
+//! other frameworks' held-out traces (the in-distribution figure of the same fit) beside it.
+//!
+//! A trace's framework is the agent its label says produced it (the corpus records it); a
+//! store whose labels name none cannot be split this way. Detectors: `keyword` and `expert`
+//! (nothing to fit; run once per trace), `classifier` (the linear reader of the probe
+//! digests) and `warm-start:CONFIG` (the decision head of a run configuration's warm start,
+//! fitted as `pathfinder train` fits it, on the frozen model's features of each trace, read
+//! once and cached).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ::eval::bootstrap::{self, Bootstrap, Estimate};
+use ::eval::metrics::{self, Case};
+use ::eval::store_eval::{self, Labelled};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use policy::decision::DecisionHead;
+use policy::{PolicyModel, SharedModel};
+use serde::Serialize;
+
+use super::eval::EvalArgs;
+
+/// A detector of the comparison.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Builtin(String),
+    Classifier,
+    WarmStart(PathBuf),
+}
+
+impl Kind {
+    fn parse(name: &str) -> Result<Kind> {
+        if let Some(file) = name.strip_prefix("warm-start:") {
+            if file.is_empty() {
+                bail!(
+                    "detector `warm-start:` needs a run configuration, e.g. warm-start:rl/cpu.toml"
+                );
+            }
+            return Ok(Kind::WarmStart(PathBuf::from(file)));
+        }
+        match name {
+            "classifier" => Ok(Kind::Classifier),
+            n if store_eval::DETECTORS.contains(&n) => Ok(Kind::Builtin(n.into())),
+            n => bail!(
+                "detector `{n}` cannot be scored with --leave-out: expected {}, classifier or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
+                store_eval::DETECTORS.join(", ")
+            ),
+        }
+    }
+}
+
+/// One detector on one left-out framework.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub framework: String,
+    pub detector: String,
+    /// Deficient and healthy traces of the left-out framework.
+    pub deficient: usize,
+    pub healthy: usize,
+    /// The type named, over its deficient traces.
+    pub detection: Option<Estimate>,
+    /// The category of the type named, over its deficient traces.
+    pub category: Option<Estimate>,
+    pub localisation: Option<Estimate>,
+    pub code_localisation: Option<Estimate>,
+    /// Its healthy traces called deficient.
+    pub false_positive_rate: Option<Estimate>,
+    /// The same fit on the other frameworks' held-out traces.
+    pub in_distribution: Option<Estimate>,
+    pub in_distribution_false_positive_rate: Option<Estimate>,
+    /// Train traces the fit read (0 for detectors that fit nothing).
+    pub train: usize,
+    /// How unlike the train traces the left-out framework's traces read (warm start only):
+    /// the share of its healthy and of its deficient traces whose standardised distance to the
+    /// train features is beyond the 99th percentile of the train traces' own.
+    pub unfamiliar: Option<Unfamiliar>,
+}
+
+/// Shares of traces beyond the train traces' 99th percentile of distance.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Unfamiliar {
+    pub healthy: f64,
+    pub deficient: f64,
+    /// The same share over the other frameworks' held-out traces.
+    pub in_distribution: f64,
+}
+
+/// The report: a row per framework and detector, and each detector's mean over frameworks.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub store: String,
+    pub train_split: String,
+    pub rows: Vec<Row>,
+    pub means: Vec<Mean>,
+}
+
+/// A detector's mean over the frameworks left out (each framework weighs the same).
+#[derive(Debug, Clone, Serialize)]
+pub struct Mean {
+    pub detector: String,
+    pub frameworks: usize,
+    pub detection: f64,
+    pub category: f64,
+    pub false_positive_rate: Option<f64>,
+    pub in_distribution: Option<f64>,
+    /// The largest drop from in distribution to left out, and its framework.
+    pub worst_drop: Option<(String, f64)>,
+}
+
+/// The report as Markdown and JSON.
+pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, String)> {
+    let which = args
+        .leave_out
+        .as_deref()
+        .expect("run only with --leave-out");
+    if args.labels.is_some() || args.split.is_some() || args.holdout_agent.is_some() {
+        bail!("--leave-out scores a store's own labels over all its traces: drop --labels, --split and --holdout-agent");
+    }
+    let Some(train_path) = &args.train_split else {
+        bail!("--leave-out needs --train-split FILE (the corpus's splits/train.jsonl): detectors are fitted on its traces of the other frameworks");
+    };
+    let catalog = taxonomy::Catalog::embedded().context("loading the deficiency catalog")?;
+    let all = store_eval::labelled_traces(db, None)?;
+    let train_ids: HashSet<String> = store_eval::read_split(train_path)?.into_iter().collect();
+    let frameworks: BTreeSet<String> = all.iter().filter_map(|t| t.agent.clone()).collect();
+    if frameworks.len() < 2 {
+        bail!(
+            "{}: its labels name {} framework(s) ({}); leaving one out needs two or more",
+            db.display(),
+            frameworks.len(),
+            frameworks.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let left_out: Vec<String> = if which == "all" {
+        frameworks.iter().cloned().collect()
+    } else if frameworks.contains(which) {
+        vec![which.to_owned()]
+    } else {
+        bail!(
+            "--leave-out {which}: no labelled trace of {} comes from it; frameworks: {}, or all",
+            db.display(),
+            frameworks.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    };
+    let detectors: Vec<(String, Kind)> = args
+        .detector
+        .as_deref()
+        .unwrap_or("keyword,expert,classifier")
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| Kind::parse(d).map(|k| (d.to_owned(), k)))
+        .collect::<Result<_>>()?;
+    // What each fold scores: every trace of the framework left out, and the others' traces
+    // outside the train split.
+    let scored: Vec<Labelled> = all
+        .iter()
+        .filter(|t| t.agent.is_some() && !train_ids.contains(&t.trace_id))
+        .cloned()
+        .chain(
+            all.iter()
+                .filter(|t| {
+                    train_ids.contains(&t.trace_id)
+                        && t.agent
+                            .as_deref()
+                            .is_some_and(|a| left_out.iter().any(|f| f == a))
+                })
+                .cloned(),
+        )
+        .collect();
+    let train_all: Vec<Labelled> = all
+        .iter()
+        .filter(|t| t.agent.is_some() && train_ids.contains(&t.trace_id))
+        .cloned()
+        .collect();
+    if train_all.is_empty() {
+        bail!(
+            "{}: none of its traces is in the train split {}",
+            db.display(),
+            train_path.display()
+        );
+    }
+
+    let calibrate_with: Vec<usize> = match &args.calibrate_with {
+        Some(list) => list
+            .split(',')
+            .map(|n| {
+                n.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("--calibrate-with {list}: `{n}` is not a count"))
+            })
+            .collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
+    let trained_on: BTreeSet<&str> = train_all
+        .iter()
+        .filter_map(|t| t.agent.as_deref())
+        .collect();
+    let mut rows = Vec::new();
+    for (name, kind) in &detectors {
+        let mut fitted = Fitted::new(kind, db, &train_all, &scored, &args.feature_cache)?;
+        for framework in &left_out {
+            let train: Vec<Labelled> = train_all
+                .iter()
+                .filter(|t| t.agent.as_deref() != Some(framework))
+                .cloned()
+                .collect();
+            // Its every trace, and the held-out traces of the other frameworks the fit read
+            // (a framework with no train trace is left out of every fold, never inside one).
+            let fold: Vec<Labelled> = scored
+                .iter()
+                .filter(|t| match t.agent.as_deref() {
+                    Some(a) if a == framework => true,
+                    Some(a) => trained_on.contains(a) && !train_ids.contains(&t.trace_id),
+                    None => false,
+                })
+                .cloned()
+                .collect();
+            let cases = fitted.cases(db, &train, &fold, framework)?;
+            let unfamiliar = fitted.unfamiliar(&train, &fold, framework);
+            let (held, inside): (Vec<Case>, Vec<Case>) = cases
+                .into_iter()
+                .partition(|c| c.agent.as_deref() == Some(framework));
+            let summary = metrics::summarise(&held, &catalog, &bootstrap);
+            let within = metrics::summarise(&inside, &catalog, &bootstrap);
+            rows.push(Row {
+                framework: framework.clone(),
+                detector: name.clone(),
+                deficient: held.iter().filter(|c| !metrics::healthy(c)).count(),
+                healthy: summary.healthy,
+                detection: summary.detection,
+                category: category_detection(&held, &catalog, &bootstrap),
+                localisation: summary.localisation,
+                code_localisation: summary.code_localisation,
+                false_positive_rate: summary.false_positive_rate,
+                in_distribution: within.detection,
+                in_distribution_false_positive_rate: within.false_positive_rate,
+                train: if matches!(kind, Kind::Builtin(_)) {
+                    0
+                } else {
+                    train.len()
+                },
+                unfamiliar,
+            });
+            // The same head calibrated on N of the framework's own healthy runs (drawn in a
+            // fixed order), every N scored on the same traces: the framework's traces but
+            // the largest N's calibration runs.
+            let most = calibrate_with.iter().copied().max().unwrap_or(0);
+            if most == 0 || !matches!(kind, Kind::WarmStart(_)) {
+                continue;
+            }
+            let mut healthy: Vec<&Labelled> = fold
+                .iter()
+                .filter(|t| {
+                    t.agent.as_deref() == Some(framework.as_str())
+                        && t.truth.deficiency_id == taxonomy::NONE
+                })
+                .collect();
+            healthy.sort_by_key(|t| fnv(&t.trace_id));
+            if healthy.len() <= most {
+                tracing::warn!(
+                    framework = framework.as_str(),
+                    healthy = healthy.len(),
+                    "too few healthy runs to calibrate on {most} and score the rest; no calibrated rows"
+                );
+                continue;
+            }
+            let held_back: HashSet<&str> = healthy[..most]
+                .iter()
+                .map(|t| t.trace_id.as_str())
+                .collect();
+            let rest: Vec<Labelled> = fold
+                .iter()
+                .filter(|t| {
+                    t.agent.as_deref() == Some(framework.as_str())
+                        && !held_back.contains(t.trace_id.as_str())
+                })
+                .cloned()
+                .collect();
+            for n in std::iter::once(0).chain(calibrate_with.iter().copied()) {
+                let Some(cases) = fitted.calibrated_cases(db, &healthy[..n], &rest, framework)?
+                else {
+                    continue;
+                };
+                let summary = metrics::summarise(&cases, &catalog, &bootstrap);
+                rows.push(Row {
+                    framework: framework.clone(),
+                    detector: format!("{name} calibrated on {n} healthy"),
+                    deficient: cases.iter().filter(|c| !metrics::healthy(c)).count(),
+                    healthy: summary.healthy,
+                    detection: summary.detection,
+                    category: category_detection(&cases, &catalog, &bootstrap),
+                    localisation: summary.localisation,
+                    code_localisation: summary.code_localisation,
+                    false_positive_rate: summary.false_positive_rate,
+                    in_distribution: None,
+                    in_distribution_false_positive_rate: None,
+                    train: train.len(),
+                    unfamiliar: None,
+                });
+            }
+        }
+    }
+    let means = means(&rows, &detectors);
+    let report = Report {
+        store: db.display().to_string(),
+        train_split: train_path.display().to_string(),
+        rows,
+        means,
+    };
+    Ok((markdown(&report), serde_json::to_string_pretty(&report)?))
+}
+
+/// A detector and what it keeps between folds: nothing to fit, the probe batteries, or the
+/// model's features of every trace.
+enum Fitted<'a> {
+    Builtin {
+        name: &'a str,
+        /// Cases by trace: a detector that fits nothing answers each trace once.
+        cases: HashMap<String, Case>,
+    },
+    Classifier {
+        batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
+    },
+    WarmStart {
+        config: Box<rl::RunConfig>,
+        shared: SharedModel,
+        reader: Arc<policy::decision::FeatureReader>,
+        features: HashMap<String, Vec<f32>>,
+        /// The head of the last fold fitted, for its calibrations.
+        head: Option<DecisionHead>,
+    },
+}
+
+impl<'a> Fitted<'a> {
+    fn new(
+        kind: &'a Kind,
+        db: &Path,
+        train: &[Labelled],
+        scored: &[Labelled],
+        cache: &Path,
+    ) -> Result<Fitted<'a>> {
+        let everything: Vec<Labelled> = train.iter().chain(scored).cloned().collect();
+        match kind {
+            Kind::Builtin(name) => {
+                let bar = progress(scored.len(), name);
+                let options = store_eval::RunOptions {
+                    detector: name.clone(),
+                    ablations: detect::Ablations::default(),
+                    references: None,
+                };
+                let cases = store_eval::run_transcribed(db, scored, &options, |_, _| bar.inc(1))?;
+                bar.finish_and_clear();
+                Ok(Fitted::Builtin {
+                    name,
+                    cases: cases.into_iter().map(|c| (c.trace_id.clone(), c)).collect(),
+                })
+            }
+            Kind::Classifier => {
+                let batteries = ::eval::classifier::battery(db, &everything)?;
+                Ok(Fitted::Classifier {
+                    batteries: everything
+                        .iter()
+                        .map(|t| t.trace_id.clone())
+                        .zip(batteries)
+                        .collect(),
+                })
+            }
+            Kind::WarmStart(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let config = rl::RunConfig::parse(&text, path)?;
+                if config.detector.decision != rl::config::Decision::Head {
+                    bail!(
+                        "{}: `[detector] decision` is not \"head\"; only a decision head's warm start is fitted here",
+                        path.display()
+                    );
+                }
+                let base = config.model_path()?;
+                let dtype = if config.model.dtype == "bf16" {
+                    model::DType::BF16
+                } else {
+                    model::DType::F32
+                };
+                let device = model::Device::cuda_if_available(0).context("choosing the device")?;
+                let pm = PolicyModel::load(&base, dtype, &device)
+                    .with_context(|| format!("loading the base model {}", base.display()))?;
+                let shared: SharedModel = Arc::new(Mutex::new(pm));
+                let catalog = taxonomy::Catalog::embedded()?;
+                let system = policy::decision::system_prompt(&catalog);
+                // The warm start reads the base model (an adapter whose B factors are zero
+                // reads the same), through the feature cache it shares with training runs.
+                let cache = cache.to_path_buf();
+                let reader = {
+                    let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    let reader = policy::decision::FeatureReader::new(&mut pm, None, &system)?;
+                    Arc::new(reader.with_cache(&pm, cache)?)
+                };
+                let batteries = ::eval::classifier::battery(db, &everything)?;
+                let bar = progress(batteries.len(), "read");
+                let x = rl::head::features(&reader, &shared, &batteries, config.head.terms, |i| {
+                    bar.set_position(i as u64)
+                })?;
+                bar.finish_and_clear();
+                Ok(Fitted::WarmStart {
+                    config: Box::new(config),
+                    shared,
+                    reader,
+                    features: everything
+                        .iter()
+                        .map(|t| t.trace_id.clone())
+                        .zip(x)
+                        .collect(),
+                    head: None,
+                })
+            }
+        }
+    }
+
+    /// The cases of `scored` by a detector fitted on `train`.
+    fn cases(
+        &mut self,
+        db: &Path,
+        train: &[Labelled],
+        scored: &[Labelled],
+        framework: &str,
+    ) -> Result<Vec<Case>> {
+        match self {
+            Fitted::Builtin { name, cases } => scored
+                .iter()
+                .map(|t| {
+                    cases
+                        .get(&t.trace_id)
+                        .cloned()
+                        .with_context(|| format!("{name}: no case for trace {}", t.trace_id))
+                })
+                .collect(),
+            Fitted::Classifier { batteries } => {
+                let b: Vec<_> = train
+                    .iter()
+                    .map(|t| batteries[&t.trace_id].clone())
+                    .collect();
+                let c = Arc::new(::eval::classifier::Classifier::fit(
+                    train,
+                    &b,
+                    None,
+                    |_| {},
+                )?);
+                let bar = progress(scored.len(), &format!("classifier without {framework}"));
+                let cases = store_eval::run_policies_transcribed(
+                    db,
+                    scored,
+                    detect::Config::default(),
+                    |_| Ok(c.policy()),
+                    |_, _| bar.inc(1),
+                )?;
+                bar.finish_and_clear();
+                Ok(cases)
+            }
+            Fitted::WarmStart {
+                config,
+                shared,
+                reader,
+                features,
+                head: last,
+            } => {
+                let x: Vec<Vec<f32>> = train
+                    .iter()
+                    .map(|t| features[&t.trace_id].clone())
+                    .collect();
+                let head = fit_head(config, train, &x)?;
+                *last = Some(head.clone());
+                let head = Arc::new(head);
+                let bar = progress(scored.len(), &format!("warm start without {framework}"));
+                let cases = store_eval::run_policies_transcribed(
+                    db,
+                    scored,
+                    rl::evaluate::learned_config(detect::probes::battery_turns()),
+                    |_| Ok(rl::head::evaluation_policy(shared, &head, reader)),
+                    |_, _| bar.inc(1),
+                )?;
+                bar.finish_and_clear();
+                Ok(cases)
+            }
+        }
+    }
+}
+
+impl Fitted<'_> {
+    /// The last fold's warm-started head calibrated on the healthy runs `healthy` (none: as
+    /// fitted), scored on `scored`. `None` for detectors without a head.
+    fn calibrated_cases(
+        &self,
+        db: &Path,
+        healthy: &[&Labelled],
+        scored: &[Labelled],
+        framework: &str,
+    ) -> Result<Option<Vec<Case>>> {
+        let Fitted::WarmStart {
+            shared,
+            reader,
+            features,
+            head: Some(head),
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let mut head = head.clone();
+        if !healthy.is_empty() {
+            let scores: Vec<f32> = healthy
+                .iter()
+                .map(|t| {
+                    let lp = head.type_model.log_probs(&features[&t.trace_id]);
+                    policy::calibration::deficiency_score(&head.types, &lp)
+                })
+                .collect();
+            head.calibration = Some(policy::calibration::Calibration::conformal(
+                framework, &scores, 0.05,
+            )?);
+        }
+        let head = Arc::new(head);
+        let bar = progress(
+            scored.len(),
+            &format!("{framework}: calibrated on {} healthy runs", healthy.len()),
+        );
+        let cases = store_eval::run_policies_transcribed(
+            db,
+            scored,
+            rl::evaluate::learned_config(detect::probes::battery_turns()),
+            |_| Ok(rl::head::evaluation_policy(shared, &head, reader)),
+            |_, _| bar.inc(1),
+        )?;
+        bar.finish_and_clear();
+        Ok(Some(cases))
+    }
+
+    /// [`Unfamiliar`] for a warm start's fold: distances in the train features' standardised
+    /// coordinates, d(x) = √(mean_j ((x_j − μ_j)/σ_j)²), a diagonal Mahalanobis distance to
+    /// the train traces.
+    fn unfamiliar(
+        &self,
+        train: &[Labelled],
+        fold: &[Labelled],
+        framework: &str,
+    ) -> Option<Unfamiliar> {
+        let Fitted::WarmStart { features, .. } = self else {
+            return None;
+        };
+        let x: Vec<&Vec<f32>> = train.iter().map(|t| &features[&t.trace_id]).collect();
+        let dim = x.first()?.len();
+        let n = x.len() as f64;
+        let mut mean = vec![0f64; dim];
+        for v in &x {
+            for (m, a) in mean.iter_mut().zip(v.iter()) {
+                *m += f64::from(*a) / n;
+            }
+        }
+        let mut sd = vec![0f64; dim];
+        for v in &x {
+            for ((s, a), m) in sd.iter_mut().zip(v.iter()).zip(&mean) {
+                *s += (f64::from(*a) - m).powi(2) / n;
+            }
+        }
+        sd.iter_mut().for_each(|s| *s = s.sqrt().max(1e-3));
+        let distance = |v: &Vec<f32>| {
+            let sum: f64 = v
+                .iter()
+                .zip(&mean)
+                .zip(&sd)
+                .map(|((a, m), s)| ((f64::from(*a) - m) / s).powi(2))
+                .sum();
+            (sum / dim as f64).sqrt()
+        };
+        let mut own: Vec<f64> = x.iter().map(|v| distance(v)).collect();
+        own.sort_by(f64::total_cmp);
+        let edge = own[((own.len() as f64 * 0.99).ceil() as usize).clamp(1, own.len()) - 1];
+        let share = |pick: &dyn Fn(&Labelled) -> bool| {
+            let d: Vec<bool> = fold
+                .iter()
+                .filter(|t| pick(t))
+                .map(|t| distance(&features[&t.trace_id]) > edge)
+                .collect();
+            d.iter().filter(|b| **b).count() as f64 / d.len().max(1) as f64
+        };
+        let mine = |t: &Labelled| t.agent.as_deref() == Some(framework);
+        let healthy = |t: &Labelled| t.truth.deficiency_id == taxonomy::NONE;
+        Some(Unfamiliar {
+            healthy: share(&|t| mine(t) && healthy(t)),
+            deficient: share(&|t| mine(t) && !healthy(t)),
+            in_distribution: share(&|t| !mine(t)),
+        })
+    }
+}
+
+/// The decision head of a warm start, as the trainer fits it: the type and component
+/// softmaxes on the train traces' features, and `none`'s operating point set out of fold.
+fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Result<DecisionHead> {
+    let h = &config.head;
+    let options = linear::FitOptions {
+        l2: h.l2 as f32,
+        lr: h.lr as f32,
+        max_epochs: h.max_epochs,
+        patience: h.patience,
+        log_every: 0,
+        standardise: true,
+    };
+    let mut head = rl::head::fit(train, x, None, h.terms, &options, |_| {})?;
+    if h.none_target > 0.0 {
+        let read = rl::head::out_of_fold(train, x, h.folds, &options)?;
+        head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
+    }
+    Ok(head)
+}
+
+/// The share of deficient cases whose answer names a type of the labelled type's category.
+fn category_detection(
+    cases: &[Case],
+    catalog: &taxonomy::Catalog,
+    b: &Bootstrap,
+) -> Option<Estimate> {
+    let category = |id: &str| catalog.get(id).map(|d| d.category.to_string());
+    let hits: Vec<bool> = cases
+        .iter()
+        .filter(|c| !metrics::healthy(c))
+        .map(|c| {
+            let truth = category(&c.truth.deficiency_id);
+            let named = c
+                .predicted
+                .as_ref()
+                .and_then(|p| category(&p.deficiency_id));
+            truth.is_some() && truth == named
+        })
+        .collect();
+    bootstrap::proportion(&hits, b)
+}
+
+fn means(rows: &[Row], detectors: &[(String, Kind)]) -> Vec<Mean> {
+    let mut out = Vec::new();
+    for (name, _) in detectors {
+        let mine: Vec<&Row> = rows.iter().filter(|r| &r.detector == name).collect();
+        let avg = |f: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {
+            let v: Vec<f64> = mine.iter().filter_map(|r| f(r)).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let worst_drop = mine
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.framework.clone(),
+                    r.in_distribution.as_ref()?.value - r.detection.as_ref()?.value,
+                ))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        out.push(Mean {
+            detector: name.clone(),
+            frameworks: mine.len(),
+            detection: avg(&|r| r.detection.as_ref().map(|e| e.value)).unwrap_or(0.0),
+            category: avg(&|r| r.category.as_ref().map(|e| e.value)).unwrap_or(0.0),
+            false_positive_rate: avg(&|r| r.false_positive_rate.as_ref().map(|e| e.value)),
+            in_distribution: avg(&|r| r.in_distribution.as_ref().map(|e| e.value)),
+            worst_drop,
+        });
+    }
+    out
+}
+
+fn pct(e: &Option<Estimate>) -> String {
+    match e {
+        Some(e) => format!(
+            "{:.1}% [{:.1}, {:.1}]",
+            100.0 * e.value,
+            100.0 * e.lo,
+            100.0 * e.hi
+        ),
+        None => "–".into(),
+    }
+}
+
+fn markdown(r: &Report) -> String {
+    let mut s = format!(
+        "# Leave one framework out\n\nStore `{}`; detectors that learn were fitted on `{}` without the framework left out.\n\n",
+        r.store, r.train_split
+    );
+    s.push_str("| left out | detector | deficient / healthy | type | category | component | code | false positives | in distribution (type) | train | unfamiliar (healthy / deficient / in distribution) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for row in &r.rows {
+        s.push_str(&format!(
+            "| {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            row.framework,
+            row.detector,
+            row.deficient,
+            row.healthy,
+            pct(&row.detection),
+            pct(&row.category),
+            pct(&row.localisation),
+            pct(&row.code_localisation),
+            pct(&row.false_positive_rate),
+            pct(&row.in_distribution),
+            row.train,
+            row.unfamiliar.map_or("–".into(), |u| format!(
+                "{:.0}% / {:.0}% / {:.0}%",
+                100.0 * u.healthy,
+                100.0 * u.deficient,
+                100.0 * u.in_distribution
+            )),
+        ));
+    }
+    s.push_str("\n| detector | frameworks | mean type | mean category | mean false positives | mean in distribution | largest drop |\n|---|---|---|---|---|---|---|\n");
+    for m in &r.means {
+        s.push_str(&format!(
+            "| {} | {} | {:.1}% | {:.1}% | {} | {} | {} |\n",
+            m.detector,
+            m.frameworks,
+            100.0 * m.detection,
+            100.0 * m.category,
+            m.false_positive_rate
+                .map_or("–".into(), |v| format!("{:.1}%", 100.0 * v)),
+            m.in_distribution
+                .map_or("–".into(), |v| format!("{:.1}%", 100.0 * v)),
+            m.worst_drop.as_ref().map_or("–".into(), |(f, d)| format!(
+                "{:.1} points ({f})",
+                100.0 * d
+            )),
+        ));
+    }
+    s
+}
+
+fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template(&format!("{what} {{bar:30}} {{pos}}/{{len}}"))
+            .expect("valid template"),
+    );
+    bar
+}
+
+/// FNV-1a of a trace id: an order for drawing calibration runs that no import order decides.
+fn fnv(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

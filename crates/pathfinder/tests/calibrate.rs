@@ -1,0 +1,246 @@
+//! A checkpoint's operating point set on healthy runs (`pathfinder calibrate`), and the
+//! commands that use it saying so; leave-one-framework-out evaluation (`eval --leave-out`).
+//! On the synthetic corpus and a tiny random model: these test the commands, not what a
+//! calibration is worth (BENCHMARKS.md measures that).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn pathfinder() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pathfinder"))
+}
+
+fn ok(out: Output, what: &str) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// A synthetic corpus whose traces come from two frameworks (alternate scenarios), a whole-
+/// choice run configuration on a tiny model, and that run's warm-started checkpoint.
+fn warm_started(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let corpus = dir.join("corpus");
+    rl::testing::synthetic_corpus(&corpus).unwrap();
+    let db = corpus.join("store.sqlite");
+    let store = traces::Store::open(&db).unwrap();
+    store
+        .connection()
+        .execute_batch(
+            "UPDATE labels SET source = json_set(source, '$.agent', \
+             CASE WHEN label_id % 2 = 0 THEN 'alpha' ELSE 'beta' END)",
+        )
+        .unwrap();
+    drop(store);
+    let gguf = dir.join("tiny.gguf");
+    model::testing::write_tiny_gguf(&gguf, 8192, 17).unwrap();
+    let config = dir.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[model]
+path = "{}"
+[lora]
+rank = 2
+alpha = 4.0
+[run]
+seed = 5
+steps = 1
+agents = ["toolcaller"]
+[detector]
+decision = "head"
+[head]
+max_epochs = 40
+patience = 10
+[eval]
+corpus = "{}"
+split = "val+test"
+"#,
+            gguf.display(),
+            corpus.display()
+        ),
+    )
+    .unwrap();
+    let runs = dir.join("runs");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    ok(
+        pathfinder()
+            .args(["train", "--sft", "--run", "r", "--root"])
+            .arg(&root)
+            .arg("--config")
+            .arg(&config)
+            .arg("--runs-dir")
+            .arg(&runs)
+            .output()
+            .unwrap(),
+        "train --sft",
+    );
+    (db, config, runs.join("r").join("step-0"))
+}
+
+fn split_ids(db: &Path, split: &str) -> Vec<String> {
+    std::fs::read_to_string(db.with_file_name("splits").join(format!("{split}.jsonl")))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["trace_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn calibrate_saves_a_threshold_that_eval_and_detect_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _, checkpoint) = warm_started(dir.path());
+    let healthy = split_ids(&db, "train")[..6].join(",");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["calibrate", "--db"])
+            .arg(&db)
+            .args([
+                "--healthy",
+                &healthy,
+                "--name",
+                "my-framework",
+                "--checkpoint",
+            ])
+            .arg(&checkpoint)
+            .output()
+            .unwrap(),
+        "calibrate",
+    );
+    assert!(
+        stdout.contains("calibration `my-framework`: 6 healthy runs"),
+        "{stdout}"
+    );
+    // Six runs cannot bound the rate at 5%: the calibration says what it bounds.
+    assert!(
+        stdout.contains("at most 14.3%") && stdout.contains("19 or more"),
+        "{stdout}"
+    );
+    let saved: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint.join("calibration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(saved["healthy_scores"].as_array().unwrap().len(), 6);
+
+    let split = db.with_file_name("splits").join("test.jsonl");
+    let eval = |calibration: Option<&str>| {
+        let mut c = pathfinder();
+        c.args(["eval", "--db"])
+            .arg(&db)
+            .arg("--split")
+            .arg(&split)
+            .arg("--detector")
+            .arg(format!("checkpoint:{}", checkpoint.display()))
+            .arg("--json");
+        if let Some(cal) = calibration {
+            c.args(["--calibration", cal]);
+        }
+        let (stdout, _) = ok(c.output().unwrap(), "eval");
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        report["detector"].as_str().unwrap().to_owned()
+    };
+    assert!(eval(None).contains("(calibration `my-framework`, 6 healthy runs)"));
+    assert!(eval(Some("none")).contains("(no calibration)"));
+
+    let trace = &split_ids(&db, "test")[0];
+    let out = pathfinder()
+        .args(["detect", "--db"])
+        .arg(&db)
+        .args(["--trace", trace, "--policy"])
+        .arg(format!("checkpoint:{}", checkpoint.display()))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = ok(out, "detect");
+    assert!(stderr.contains("calibration `my-framework`"), "{stderr}");
+    assert!(
+        stdout.contains("against calibration `my-framework`"),
+        "{stdout}"
+    );
+
+    // Bad input: an unknown trace, no trace at all, a calibration on a token-decoding policy.
+    let refused = |args: &[&str]| {
+        let out = pathfinder()
+            .args(["calibrate", "--db"])
+            .arg(&db)
+            .arg("--checkpoint")
+            .arg(&checkpoint)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(refused(&["--healthy", "no-such-trace"]).contains("holds no trace no-such-trace"));
+    assert!(refused(&["--healthy", " , "]).contains("names no trace"));
+    let out = pathfinder()
+        .args(["detect", "--db"])
+        .arg(&db)
+        .args(["--trace", trace, "--calibration", "none"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, config, _) = warm_started(dir.path());
+    let train = db.with_file_name("splits").join("train.jsonl");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["eval", "--db"])
+            .arg(&db)
+            .arg("--train-split")
+            .arg(&train)
+            .args(["--leave-out", "all", "--json", "--detector"])
+            .arg(format!(
+                "keyword,classifier,warm-start:{}",
+                config.display()
+            ))
+            .arg("--feature-cache")
+            .arg(dir.path().join("features"))
+            .output()
+            .unwrap(),
+        "eval --leave-out all",
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    // Two frameworks by three detectors.
+    assert_eq!(rows.len(), 6, "{stdout}");
+    let train_ids = split_ids(&db, "train").len();
+    for row in rows {
+        let fitted = row["detector"] != "keyword";
+        // A fitted detector read only the other framework's train traces.
+        assert_eq!(row["train"].as_u64().unwrap() > 0, fitted, "{row}");
+        assert!(
+            (row["train"].as_u64().unwrap() as usize) < train_ids,
+            "{row}"
+        );
+        assert!(row["detection"]["n"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["in_distribution"]["n"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(
+            row["unfamiliar"].is_object(),
+            row["detector"].as_str().unwrap().starts_with("warm-start"),
+            "{row}"
+        );
+    }
+    assert_eq!(report["means"].as_array().unwrap().len(), 3);
+    // A framework the store does not hold, and a fixed checkpoint, are refused by name.
+    let out = pathfinder()
+        .args(["eval", "--db"])
+        .arg(&db)
+        .arg("--train-split")
+        .arg(&train)
+        .args(["--leave-out", "gamma"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("frameworks: alpha, beta"), "{stderr}");
+}

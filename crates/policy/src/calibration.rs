@@ -1,0 +1,236 @@
+//! The operating point set on a user's own healthy runs: a conformal threshold on the
+//! decision head's deficiency score.
+//!
+//! A head fitted on our frameworks places its `none` boundary where our healthy runs fall. On
+//! another framework healthy runs read differently, and a head that has only seen deficient
+//! traces look like them calls them deficient. A user who has N healthy runs of their own
+//! framework can fix that without retraining: score each, and flag a new trace only when it
+//! scores above what the healthy runs scored.
+//!
+//! The score of a trace is s = 1 − p(none | trace), the head's probability that something is
+//! wrong. For healthy scores s₁ ≤ … ≤ sₙ and a target false-positive rate α, the threshold is
+//! the k-th smallest, k = ⌈(n + 1)(1 − α)⌉. When a new healthy run is exchangeable with the
+//! N (same framework, same kind of task), the chance that it scores above s₍ₖ₎ is at most
+//! 1 − k/(n + 1) ≤ α (split conformal prediction; Bates et al., arXiv 2104.08279). With
+//! n < 1/α − 1 no k ≤ n exists: the threshold is the largest healthy score and the bound
+//! 1/(n + 1) is weaker than α, which the calibration says.
+//!
+//! Above the threshold the head names its most likely deficiency (never `none`); at or below
+//! it, the answer is `none`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::NONE;
+use crate::{PolicyError, Result};
+
+/// File of a checkpoint's calibration, in its `step-N` directory.
+pub const CALIBRATION_FILE: &str = "calibration.json";
+
+/// A conformal operating point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// What the healthy runs were (a framework, a deployment), shown wherever it is used.
+    pub name: String,
+    /// The healthy runs' deficiency scores, ascending.
+    pub healthy_scores: Vec<f32>,
+    /// The false-positive rate asked for.
+    pub alpha: f64,
+    /// A trace is answered `none` when its score is at most this.
+    pub threshold: f32,
+    /// The false-positive rate the threshold guarantees: `alpha`, or 1/(n + 1) when there
+    /// were too few healthy runs for `alpha`.
+    pub bound: f64,
+}
+
+impl Calibration {
+    /// The threshold for `alpha` over the healthy runs' `scores`.
+    pub fn conformal(name: &str, scores: &[f32], alpha: f64) -> Result<Calibration> {
+        if scores.is_empty() {
+            return Err(PolicyError::Calibration(
+                "no healthy run to calibrate on: give at least one (19 or more bound the false-positive rate at 5%)".into(),
+            ));
+        }
+        if !(alpha > 0.0 && alpha < 1.0) {
+            return Err(PolicyError::Calibration(format!(
+                "alpha {alpha} is not a rate in (0, 1)"
+            )));
+        }
+        if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
+            return Err(PolicyError::Calibration(format!(
+                "a healthy run's score is {bad}, not a number in [0, 1]"
+            )));
+        }
+        let mut sorted = scores.to_vec();
+        sorted.sort_by(f32::total_cmp);
+        let n = sorted.len();
+        let k = ((n as f64 + 1.0) * (1.0 - alpha)).ceil() as usize;
+        let (threshold, bound) = if k <= n {
+            (sorted[k.max(1) - 1], alpha)
+        } else {
+            (sorted[n - 1], 1.0 / (n as f64 + 1.0))
+        };
+        Ok(Calibration {
+            name: name.to_owned(),
+            healthy_scores: sorted,
+            alpha,
+            threshold,
+            bound,
+        })
+    }
+
+    /// Whether a trace of `score` is flagged as deficient.
+    pub fn flags(&self, score: f32) -> bool {
+        score > self.threshold
+    }
+
+    /// The conformal p-value of `score`: the share of the healthy runs and the trace itself
+    /// that score at least as high. Small means unlike the healthy runs.
+    pub fn p_value(&self, score: f32) -> f64 {
+        let above = self.healthy_scores.iter().filter(|s| **s >= score).count();
+        (above as f64 + 1.0) / (self.healthy_scores.len() as f64 + 1.0)
+    }
+
+    /// One line for logs and reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "calibration `{}`: {} healthy runs, threshold {:.3}, false positives at most {:.1}%{}",
+            self.name,
+            self.healthy_scores.len(),
+            self.threshold,
+            100.0 * self.bound,
+            if self.bound > self.alpha {
+                format!(
+                    " (too few runs for {:.1}%: {} or more are needed)",
+                    100.0 * self.alpha,
+                    (1.0 / self.alpha).ceil() as usize - 1
+                )
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    /// Writes it as `dir/calibration.json` (a temporary name beside it, then a rename).
+    pub fn save(&self, dir: &Path) -> Result<std::path::PathBuf> {
+        let path = dir.join(CALIBRATION_FILE);
+        let tmp = dir.join(format!(".{CALIBRATION_FILE}.tmp"));
+        let text = serde_json::to_string_pretty(self).expect("a calibration serialises");
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
+        Ok(path)
+    }
+
+    /// Reads a calibration file, checking it is one.
+    pub fn load(path: &Path) -> Result<Calibration> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::Io(format!("{}: {e}", path.display())))?;
+        let c: Calibration = serde_json::from_str(&text)
+            .map_err(|e| PolicyError::Io(format!("{}: not a calibration: {e}", path.display())))?;
+        let sorted = c.healthy_scores.windows(2).all(|w| w[0] <= w[1]);
+        if c.healthy_scores.is_empty() || !sorted || !c.threshold.is_finite() {
+            return Err(PolicyError::Io(format!(
+                "{}: a calibration needs its healthy scores, ascending, and a finite threshold",
+                path.display()
+            )));
+        }
+        Ok(c)
+    }
+
+    /// `dir/calibration.json` when there is one.
+    pub fn beside(dir: &Path) -> Result<Option<Calibration>> {
+        let path = dir.join(CALIBRATION_FILE);
+        if path.is_file() {
+            Calibration::load(&path).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// A head's deficiency score from its type log-probabilities: 1 − p(none), or 1 for a head
+/// without `none`.
+pub fn deficiency_score(types: &[String], log_probs: &[f32]) -> f32 {
+    match types.iter().position(|t| t == NONE) {
+        Some(k) => (1.0 - log_probs[k].exp()).clamp(0.0, 1.0),
+        None => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_threshold_is_the_conformal_quantile_of_the_healthy_scores() {
+        // 19 healthy runs: k = ⌈20 · 0.95⌉ = 19, the largest.
+        let scores: Vec<f32> = (1..=19).map(|i| i as f32 / 20.0).collect();
+        let c = Calibration::conformal("fw", &scores, 0.05).unwrap();
+        assert_eq!(c.threshold, 0.95);
+        assert_eq!(c.bound, 0.05);
+        // 39 runs: k = ⌈40 · 0.95⌉ = 38, the second largest.
+        let scores: Vec<f32> = (1..=39).map(|i| i as f32 / 40.0).collect();
+        let c = Calibration::conformal("fw", &scores, 0.05).unwrap();
+        assert_eq!(c.threshold, 38.0 / 40.0);
+        assert!(c.flags(39.0 / 40.0) && !c.flags(38.0 / 40.0));
+        // Five runs cannot bound at 5%: the largest, and a bound of 1/6.
+        let c = Calibration::conformal("fw", &[0.3, 0.1, 0.5, 0.2, 0.4], 0.05).unwrap();
+        assert_eq!(c.threshold, 0.5);
+        assert!((c.bound - 1.0 / 6.0).abs() < 1e-12);
+        assert!(c.describe().contains("19 or more"), "{}", c.describe());
+        assert_eq!(c.healthy_scores, vec![0.1, 0.2, 0.3, 0.4, 0.5]);
+    }
+
+    #[test]
+    fn the_bound_holds_on_exchangeable_healthy_scores() {
+        // Healthy scores from one distribution: the share of new ones flagged stays at or
+        // below alpha on average over calibration sets.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f32 / (1u64 << 53) as f32
+        };
+        let (mut flagged, mut total) = (0usize, 0usize);
+        for _ in 0..400 {
+            let cal: Vec<f32> = (0..20).map(|_| uniform()).collect();
+            let c = Calibration::conformal("fw", &cal, 0.05).unwrap();
+            for _ in 0..50 {
+                flagged += usize::from(c.flags(uniform()));
+                total += 1;
+            }
+        }
+        let rate = flagged as f64 / total as f64;
+        assert!(rate <= 0.05 + 0.01, "false-positive rate {rate}");
+        assert!(
+            rate >= 0.02,
+            "the threshold is not needlessly strict: {rate}"
+        );
+    }
+
+    #[test]
+    fn bad_calibrations_are_refused_with_a_reason() {
+        assert!(Calibration::conformal("fw", &[], 0.05).is_err());
+        assert!(Calibration::conformal("fw", &[0.1], 0.0).is_err());
+        assert!(Calibration::conformal("fw", &[f32::NAN], 0.05).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let c = Calibration::conformal("fw", &[0.2, 0.1], 0.5).unwrap();
+        let path = c.save(dir.path()).unwrap();
+        assert_eq!(Calibration::load(&path).unwrap(), c);
+        assert_eq!(Calibration::beside(dir.path()).unwrap(), Some(c));
+        std::fs::write(&path, "{\"name\": 1}").unwrap();
+        let err = Calibration::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not a calibration"), "{err}");
+    }
+
+    #[test]
+    fn the_score_is_the_probability_of_a_deficiency() {
+        let types = vec!["P1".to_string(), NONE.to_string()];
+        let lp = [0.25f32.ln(), 0.75f32.ln()];
+        assert!((deficiency_score(&types, &lp) - 0.25).abs() < 1e-6);
+        assert_eq!(deficiency_score(&types[..1], &lp[..1]), 1.0);
+    }
+}
