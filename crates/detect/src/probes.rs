@@ -51,7 +51,9 @@ impl Probe {
 /// The feature probes read the store's framework-neutral `events` view (traces' SCHEMA.md) and
 /// never print a span name, a service, a module path, a tool's or an agent's own name: tools
 /// and agents are `tool1`, `agent2`, … in the order the run first used them, wrapper spans a
-/// framework adds around the work (`workflow`, `other`) are not counted, an error is counted
+/// framework adds around the work (`workflow`, `other`) are not counted, agent turns are
+/// counted only as hand-offs (a framework may open one per message), finish reasons are
+/// named as the OpenAI API names them (`tool_calls`, `length`, `stop`, `content_filter`), an error is counted
 /// once where it was raised (not again on each span it propagated through), and a span's
 /// status is `ok` or `failed` (frameworks differ in setting `OK` or leaving it unset). Two
 /// runs that do the same thing under different frameworks' names give the same digests.
@@ -61,7 +63,7 @@ pub const LIBRARY: &[Probe] = &[
         purpose: "outcome, errors, tokens and events by kind",
         sql: "SELECT signal FROM (\
 SELECT 0 AS o, 'run ' || CASE WHEN SUM(parent_span_id IS NULL AND is_error = 1) > 0 THEN 'failed' ELSE 'ok' END || ' errors ' || SUM(is_error = 1 AND event NOT IN ('other', 'workflow')) || ' tokens in ' || COALESCE(SUM(CASE WHEN event = 'llm_call' THEN input_tokens END), 0) || ' out ' || COALESCE(SUM(CASE WHEN event = 'llm_call' THEN output_tokens END), 0) AS signal FROM events WHERE trace_id = {T} HAVING COUNT(*) > 0 \
-UNION ALL SELECT 1, 'event ' || event || ' ' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow') GROUP BY event) ORDER BY o, signal",
+UNION ALL SELECT 1, 'event ' || event || ' ' || COUNT(*) || CASE WHEN SUM(is_error) > 0 THEN ' failed ' || SUM(is_error) ELSE '' END FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow', 'agent_turn') GROUP BY event) ORDER BY o, signal",
         feature: true,
     },
     Probe {
@@ -117,8 +119,13 @@ SELECT tool, COUNT(*) AS n, SUM(is_error) AS errs FROM events WHERE trace_id = {
         sql: "SELECT signal FROM (\
 SELECT 0 AS o, 'llm calls ' || COUNT(*) || ' input tokens ' || COALESCE(MIN(input_tokens), 0) || '..' || COALESCE(MAX(input_tokens), 0) || ' drops ' || COALESCE(SUM(input_tokens < prev), 0) || ' distinct replies ' || COUNT(DISTINCT reply) || ' max output tokens ' || COALESCE(MAX(output_tokens), 0) AS signal \
 FROM (SELECT input_tokens, output_tokens, reply, LAG(input_tokens) OVER (ORDER BY seq) AS prev FROM events WHERE trace_id = {T} AND event = 'llm_call') HAVING COUNT(*) > 0 \
-UNION ALL SELECT 1, 'finish ' || reason || ' x' || COUNT(*) FROM (SELECT substr(replace(replace(replace(CAST(value AS TEXT), '[', ''), ']', ''), '\"', ''), 1, 40) AS reason FROM spans, json_each(spans.attributes) \
-WHERE trace_id = {T} AND kind = 'llm' AND key IN ('gen_ai.response.finish_reasons', 'llm.finish_reason')) GROUP BY reason\
+UNION ALL SELECT 1, 'finish ' || reason || ' x' || COUNT(*) FROM (SELECT CASE \
+WHEN raw LIKE '%tool%' OR raw LIKE '%function%' THEN 'tool_calls' \
+WHEN raw IN ('length', 'max_tokens', 'max_output_tokens', 'model_length') THEN 'length' \
+WHEN raw IN ('stop', 'end_turn', 'stop_sequence', 'eos', 'complete') THEN 'stop' \
+WHEN raw LIKE '%filter%' OR raw LIKE '%safety%' THEN 'content_filter' ELSE raw END AS reason \
+FROM (SELECT lower(substr(replace(replace(replace(CAST(value AS TEXT), '[', ''), ']', ''), '\"', ''), 1, 40)) AS raw FROM spans, json_each(spans.attributes) \
+WHERE trace_id = {T} AND kind = 'llm' AND key IN ('gen_ai.response.finish_reasons', 'llm.finish_reason'))) GROUP BY reason\
 ) ORDER BY o, signal LIMIT 12",
         feature: true,
     },
@@ -127,7 +134,7 @@ WHERE trace_id = {T} AND kind = 'llm' AND key IN ('gen_ai.response.finish_reason
         purpose: "which event follows which, and how often",
         sql: "SELECT 'then ' || prev || ' ' || cur || ' x' || COUNT(*) AS signal FROM (\
 SELECT event || CASE WHEN is_error = 1 THEN '_failed' ELSE '' END AS cur, LAG(event || CASE WHEN is_error = 1 THEN '_failed' ELSE '' END) OVER (ORDER BY seq) AS prev \
-FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow')) WHERE prev IS NOT NULL \
+FROM events WHERE trace_id = {T} AND event NOT IN ('other', 'workflow', 'agent_turn')) WHERE prev IS NOT NULL \
 GROUP BY prev, cur ORDER BY COUNT(*) DESC, signal LIMIT 12",
         feature: true,
     },
