@@ -15,8 +15,12 @@
 //! n < 1/α − 1 no k ≤ n exists: the threshold is the largest healthy score and the bound
 //! 1/(n + 1) is weaker than α, which the calibration says.
 //!
-//! Above the threshold the head names its most likely deficiency (never `none`); at or below
-//! it, the answer is `none`.
+//! At or below the threshold the answer is `none`; above it, the head decides as it would
+//! without a calibration (its most likely class, `none` included). A calibration only takes
+//! back deficiencies the head would name, so it can lower the false-positive rate and never
+//! raise it. (Forcing a deficiency above the threshold raised it: healthy runs that all score
+//! near zero set a threshold near zero, and a healthy run the head called `none` at p = 0.8
+//! was then named deficient; BENCHMARKS.md, "Frameworks it never trained on".)
 
 use std::path::Path;
 

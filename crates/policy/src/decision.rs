@@ -300,16 +300,16 @@ pub struct Decision {
 impl DecisionHead {
     /// Greedy (`temperature` 0: the argmax) or sampled with `u`, a uniform number in [0, 1).
     ///
-    /// With a [`Calibration`], a greedy decision answers `none` when the trace's deficiency
-    /// score is at or below its threshold and the most likely deficiency otherwise.
+    /// With a [`Calibration`], a greedy decision also answers `none` when the trace's
+    /// deficiency score is at or below its threshold: a calibration only takes back
+    /// deficiencies the head would name (it never names one the head's operating point would
+    /// not), so the false-positive rate is at most the lower of the two.
     pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> Decision {
         let lp = self.type_model.log_probs(features);
         let type_index = match (&self.calibration, self.none_index()) {
             (Some(c), Some(none)) if temperature <= 0.0 => {
                 if c.flags(deficiency_score(&self.types, &lp)) {
-                    let mut named = lp.clone();
-                    named[none] = f32::NEG_INFINITY;
-                    linear::argmax(&named)
+                    linear::argmax(&lp)
                 } else {
                     none
                 }
@@ -620,5 +620,40 @@ mod tests {
         let path = dir.path().join("head.json");
         head.save(&path).unwrap();
         assert_eq!(DecisionHead::load(&path).unwrap(), head);
+    }
+
+    #[test]
+    fn a_calibration_only_takes_back_deficiencies_the_head_would_name() {
+        // p(P1) = 0.7, p(none) = 0.3: deficiency score 0.7.
+        let mut head = DecisionHead {
+            types: vec!["P1".into(), NONE.into()],
+            type_model: model(2, vec![0.7f32.ln(), 0.3f32.ln()]),
+            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
+            component_model: model(2, vec![0.0, 1.0]),
+            terms: 0,
+            calibration: None,
+        };
+        let named =
+            |head: &DecisionHead| head.types[head.decide(&[0.0], 0.0, 0.0).type_index].clone();
+        assert_eq!(named(&head), "P1");
+        // Healthy runs that scored up to 0.8: 0.7 is like them, so `none`.
+        head.calibration = Some(Calibration::conformal("fw", &[0.8; 19], 0.05).unwrap());
+        assert_eq!(named(&head), NONE);
+        let d = head.decide(&[0.0], 0.0, 0.0);
+        assert!(
+            head.answer(&d)
+                .contains("against calibration `fw` (threshold 0.800"),
+            "{}",
+            head.answer(&d)
+        );
+        // Healthy runs that all scored near 0: 0.7 is flagged, and the head names P1.
+        head.calibration = Some(Calibration::conformal("fw", &[0.01; 19], 0.05).unwrap());
+        assert_eq!(named(&head), "P1");
+        // A trace the head answers `none` (score 0.4) stays `none` above any threshold.
+        head.type_model = model(2, vec![0.4f32.ln(), 0.6f32.ln()]);
+        assert_eq!(named(&head), NONE);
+        // Sampling (training) ignores the calibration.
+        let d = head.decide(&[0.0], 1.0, 0.0);
+        assert_eq!(head.types[d.type_index], "P1");
     }
 }

@@ -333,7 +333,7 @@ enum Fitted<'a> {
         reader: Arc<policy::decision::FeatureReader>,
         features: HashMap<String, Vec<f32>>,
         /// The head of the last fold fitted, for its calibrations.
-        head: Option<DecisionHead>,
+        head: Option<Box<DecisionHead>>,
     },
 }
 
@@ -474,7 +474,7 @@ impl<'a> Fitted<'a> {
                     .map(|t| features[&t.trace_id].clone())
                     .collect();
                 let head = fit_head(config, train, &x)?;
-                *last = Some(head.clone());
+                *last = Some(Box::new(head.clone()));
                 let head = Arc::new(head);
                 let bar = progress(scored.len(), &format!("warm start without {framework}"));
                 let cases = store_eval::run_policies_transcribed(
@@ -511,7 +511,7 @@ impl Fitted<'_> {
         else {
             return Ok(None);
         };
-        let mut head = head.clone();
+        let mut head = DecisionHead::clone(head);
         if !healthy.is_empty() {
             let scores: Vec<f32> = healthy
                 .iter()
