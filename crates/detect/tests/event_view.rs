@@ -121,7 +121,6 @@ fn openinference_otlp(prefix: &str, service: &str, module: &str) -> String {
             json!(format!("{module}.runner.Runner.execute")),
         ));
     };
-    #[allow(clippy::too_many_arguments)]
     let span = |id: &str,
                 parent: &str,
                 name: &str,
@@ -150,7 +149,10 @@ fn openinference_otlp(prefix: &str, service: &str, module: &str) -> String {
             "endTimeUnixNano": end.to_string(),
             "attributes": attrs,
             "events": events,
-            "status": if error.is_some() { json!({"code": 2, "message": error.unwrap().1}) } else { json!({}) },
+            "status": match error {
+                Some((_, message)) => json!({"code": 2, "message": message}),
+                None => json!({}),
+            },
         })
     };
     let spans = vec![
