@@ -48,6 +48,7 @@ alpha = 4.0
 seed = 5
 steps = 1
 agents = ["toolcaller"]
+injections_per_step = 1
 [detector]
 decision = "head"
 [head]

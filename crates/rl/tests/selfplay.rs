@@ -287,7 +287,7 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         // Two episodes at once (the step's outcome must not depend on which finishes first).
         .replace(
             "injections_per_step = 2",
-            "injections_per_step = 2\nhealthy_per_step = 1\njobs = 2",
+            "injections_per_step = 4\nhealthy_per_step = 1\njobs = 2",
         )
         // The head reviews its failures (head::review, with Adam) in every step, so the
         // resumed run must carry them in its state to repeat the uninterrupted one.
