@@ -377,7 +377,7 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
     let planted = state["planted"].as_object().unwrap();
     assert_eq!(
         planted.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
-        4,
+        8,
         "{planted:?}"
     );
     let fitted: serde_json::Value =
