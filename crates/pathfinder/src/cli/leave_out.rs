@@ -475,17 +475,12 @@ impl<'a> Fitted<'a> {
                     .collect();
                 let head = fit_head(config, train, &x)?;
                 *last = Some(Box::new(head.clone()));
-                let head = Arc::new(head);
-                let bar = progress(scored.len(), &format!("warm start without {framework}"));
-                let cases = store_eval::run_policies_transcribed(
+                head_cases(
                     db,
                     scored,
-                    rl::evaluate::learned_config(detect::probes::battery_turns()),
-                    |_| Ok(rl::head::evaluation_policy(shared, &head, reader)),
-                    |_, _| bar.inc(1),
-                )?;
-                bar.finish_and_clear();
-                Ok(cases)
+                    (shared, reader, head),
+                    &format!("warm start without {framework}"),
+                )
             }
         }
     }
@@ -524,20 +519,13 @@ impl Fitted<'_> {
                 framework, &scores, 0.05,
             )?);
         }
-        let head = Arc::new(head);
-        let bar = progress(
-            scored.len(),
-            &format!("{framework}: calibrated on {} healthy runs", healthy.len()),
-        );
-        let cases = store_eval::run_policies_transcribed(
+        head_cases(
             db,
             scored,
-            rl::evaluate::learned_config(detect::probes::battery_turns()),
-            |_| Ok(rl::head::evaluation_policy(shared, &head, reader)),
-            |_, _| bar.inc(1),
-        )?;
-        bar.finish_and_clear();
-        Ok(Some(cases))
+            (shared, reader, head),
+            &format!("{framework}: calibrated on {} healthy runs", healthy.len()),
+        )
+        .map(Some)
     }
 
     /// [`Unfamiliar`] for a warm start's fold: distances in the train features' standardised
@@ -596,6 +584,31 @@ impl Fitted<'_> {
             in_distribution: share(&|t| !mine(t)),
         })
     }
+}
+
+/// The cases of `scored` investigated by a decision head, as the trainer's held-out
+/// evaluation investigates them, with a progress bar named `what`.
+fn head_cases(
+    db: &Path,
+    scored: &[Labelled],
+    (shared, reader, head): (
+        &SharedModel,
+        &Arc<policy::decision::FeatureReader>,
+        DecisionHead,
+    ),
+    what: &str,
+) -> Result<Vec<Case>> {
+    let head = Arc::new(head);
+    let bar = progress(scored.len(), what);
+    let cases = store_eval::run_policies_transcribed(
+        db,
+        scored,
+        rl::evaluate::learned_config(detect::probes::battery_turns()),
+        |_| Ok(rl::head::evaluation_policy(shared, &head, reader)),
+        |_, _| bar.inc(1),
+    )?;
+    bar.finish_and_clear();
+    Ok(cases)
 }
 
 /// The decision head of a warm start, as the trainer fits it: the type and component
