@@ -239,7 +239,14 @@ fn clean_scripts_play_as_written() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let catalog = Catalog::embedded().unwrap();
-    for name in ["toolcaller", "research", "roleplay", "swe", "ag2"] {
+    for name in [
+        "toolcaller",
+        "research",
+        "roleplay",
+        "swe",
+        "ag2",
+        "pydantic-ai",
+    ] {
         let agent = workspace.agent(name, &catalog).unwrap();
         let report = local::run_suite(
             &workspace,

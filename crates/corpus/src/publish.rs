@@ -446,8 +446,10 @@ pub struct HealthyRecord {
     pub trace: String,
 }
 
-/// One healthy trace for about every five valid injections (a sixth of the corpus): the clean
-/// runs of the planned (agent, task) pairs that succeeded and left a trace, in seeded order.
+/// One healthy trace for about every four valid injections (a fifth of the corpus, as many as
+/// there are clean runs): the clean runs of the planned (agent, task) pairs that succeeded and
+/// left a trace, in seeded order. A user's own runs are mostly healthy; a corpus with few
+/// healthy traces teaches a reader to call anything unfamiliar deficient.
 /// Each goes to a split by the same seeded order (70/15/15; a held-out agent's all to test).
 fn healthy_runs(
     out: &Path,
@@ -465,7 +467,7 @@ fn healthy_runs(
     pairs.dedup();
     pairs.retain(|(agent, task)| out.join(clean_trace_path(agent, task)).is_file());
     pairs.sort_by_key(|(agent, task)| stable_hash(&[&seed, "healthy", agent, task]));
-    pairs.truncate(valid.div_ceil(5));
+    pairs.truncate(valid.div_ceil(4));
     pairs
         .iter()
         .enumerate()

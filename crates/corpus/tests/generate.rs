@@ -90,7 +90,7 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
     assert!(p2_dir.join("artifact/deficiency_type").exists());
 
     // The store holds the valid episode's trace with its label, and one healthy trace (the
-    // clean run of its task, about one for every five valid injections), and nothing else.
+    // clean run of its task, about one for every four valid injections), and nothing else.
     let store = traces::Store::open(a.join("store.sqlite")).unwrap();
     let ids = store.trace_ids().unwrap();
     assert_eq!(ids.len(), 2);

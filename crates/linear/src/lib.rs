@@ -125,6 +125,12 @@ pub struct FitOptions {
     /// Standardise each feature to zero mean, unit variance on the training set (dense model
     /// features); TF-IDF vectors are already on one scale and are left as they are.
     pub standardise: bool,
+    /// With `standardise`, the last `raw_tail.0` features are not standardised but multiplied
+    /// by `raw_tail.1`: sparse counts (hashed terms) that standardising blows up wherever a
+    /// bucket is rare in training, so that a word seen in three traces weighs as much as one
+    /// seen in all. None: every feature standardised.
+    #[serde(default)]
+    pub raw_tail: Option<(usize, f32)>,
 }
 
 impl Default for FitOptions {
@@ -136,6 +142,7 @@ impl Default for FitOptions {
             patience: 60,
             log_every: 20,
             standardise: true,
+            raw_tail: None,
         }
     }
 }
@@ -293,7 +300,12 @@ impl Softmax {
                     *s += (a - m) * (a - m) / n as f32;
                 }
             }
-            let inv = var.iter().map(|s| 1.0 / (s.sqrt() + 1e-6)).collect();
+            let mut inv: Vec<f32> = var.iter().map(|s| 1.0 / (s.sqrt() + 1e-6)).collect();
+            if let Some((tail, scale)) = options.raw_tail {
+                let from = dim.saturating_sub(tail);
+                mean[from..].iter_mut().for_each(|m| *m = 0.0);
+                inv[from..].iter_mut().for_each(|s| *s = scale);
+            }
             (mean, inv)
         } else {
             (vec![0.0; dim], vec![1.0; dim])
@@ -481,6 +493,35 @@ mod tests {
             (p[0] - 3.0).abs() < 1e-2 && (p[1] + 1.0).abs() < 1e-2,
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn a_raw_tail_is_scaled_not_standardised() {
+        let (x, y) = blobs();
+        let options = FitOptions {
+            max_epochs: 5,
+            raw_tail: Some((1, 4.0)),
+            ..FitOptions::default()
+        };
+        let m = Softmax::fit(&x, &y, 3, &options, None, |_| {}).unwrap();
+        // The first two features are centred; the last (1.0 everywhere) is only scaled.
+        let z = m.standardised(&x[0]);
+        assert!(m.mean[0] != 0.0 && m.mean[2] == 0.0, "{:?}", m.mean);
+        assert_eq!(z[2], 4.0);
+        let all = Softmax::fit(
+            &x,
+            &y,
+            3,
+            &FitOptions {
+                raw_tail: None,
+                ..options
+            },
+            None,
+            |_| {},
+        )
+        .unwrap();
+        // Standardised, the same feature is centred on its mean, 1.
+        assert!((all.mean[2] - 1.0).abs() < 1e-4, "{:?}", all.mean);
     }
 
     #[test]

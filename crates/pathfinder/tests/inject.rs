@@ -32,7 +32,7 @@ fn coverage_prints_the_table_and_checks_templates() {
     let p2 = stdout.lines().find(|l| l.starts_with("P2 ")).unwrap();
     assert_eq!(p2.matches('✓').count(), 1, "{p2}");
     assert!(
-        stdout.contains("3 templates; 3/250 (type, agent) cells covered"),
+        stdout.contains("3 templates; 3/300 (type, agent) cells covered"),
         "{stdout}"
     );
     assert!(stdout.contains("empty for swe (50)"), "{stdout}");

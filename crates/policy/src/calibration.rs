@@ -46,6 +46,11 @@ pub struct Calibration {
     /// The false-positive rate the threshold guarantees: `alpha`, or 1/(n + 1) when there
     /// were too few healthy runs for `alpha`.
     pub bound: f64,
+    /// Added to the head's input before the head reads a trace (empty: nothing): the train
+    /// split's healthy mean minus the mean of the user's healthy runs, so that their healthy
+    /// runs sit where ours did ([`recentre_shift`]). The scores above are of recentred inputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recentre: Vec<f32>,
 }
 
 impl Calibration {
@@ -81,7 +86,15 @@ impl Calibration {
             alpha,
             threshold,
             bound,
+            recentre: Vec::new(),
         })
+    }
+
+    /// This calibration with the head's input moved by `shift` ([`recentre_shift`]); its
+    /// scores must have been taken on inputs moved the same way.
+    pub fn with_recentre(mut self, shift: Vec<f32>) -> Calibration {
+        self.recentre = shift;
+        self
     }
 
     /// Whether a trace of `score` is flagged as deficient.
@@ -99,9 +112,14 @@ impl Calibration {
     /// One line for logs and reports.
     pub fn describe(&self) -> String {
         format!(
-            "calibration `{}`: {} healthy runs, threshold {:.3}, false positives at most {:.1}%{}",
+            "calibration `{}`: {} healthy runs{}, threshold {:.3}, false positives at most {:.1}%{}",
             self.name,
             self.healthy_scores.len(),
+            if self.recentre.is_empty() {
+                ""
+            } else {
+                " (head input recentred on them)"
+            },
             self.threshold,
             100.0 * self.bound,
             if self.bound > self.alpha {
@@ -134,6 +152,12 @@ impl Calibration {
         let c: Calibration = serde_json::from_str(&text)
             .map_err(|e| PolicyError::Io(format!("{}: not a calibration: {e}", path.display())))?;
         let sorted = c.healthy_scores.windows(2).all(|w| w[0] <= w[1]);
+        if c.recentre.iter().any(|v| !v.is_finite()) {
+            return Err(PolicyError::Io(format!(
+                "{}: `recentre` holds a value that is not a finite number",
+                path.display()
+            )));
+        }
         if c.healthy_scores.is_empty() || !sorted || !c.threshold.is_finite() {
             return Err(PolicyError::Io(format!(
                 "{}: a calibration needs its healthy scores, ascending, and a finite threshold",
@@ -153,6 +177,44 @@ impl Calibration {
         }
     }
 }
+
+/// The shift that moves the mean of a framework's healthy head inputs onto `reference`, the
+/// mean of the train split's healthy inputs ([`crate::decision::DecisionHead::healthy_mean`]).
+///
+/// Why: a framework's healthy runs differ from ours by what the framework prints in every run
+/// (its turn structure, its wrappers, how it reports tokens), an offset that the head reads as
+/// evidence of whichever deficiency lies in that direction. Subtracting the offset measured on
+/// the user's healthy runs (first-moment alignment, as CORAL aligns the second) leaves what
+/// differs from run to run. Each coordinate's offset is shrunk towards 0 by n/(n + `PRIOR_RUNS`)
+/// so that a handful of runs moves the input only as far as their mean is trustworthy.
+pub fn recentre_shift(reference: &[f32], healthy: &[&[f32]]) -> Result<Vec<f32>> {
+    let n = healthy.len();
+    if n == 0 || reference.is_empty() {
+        return Err(PolicyError::Calibration(
+            "recentring needs healthy runs and a head that recorded its healthy mean".into(),
+        ));
+    }
+    if let Some(bad) = healthy.iter().find(|h| h.len() != reference.len()) {
+        return Err(PolicyError::Calibration(format!(
+            "a healthy run's head input has {} values, the head reads {}",
+            bad.len(),
+            reference.len()
+        )));
+    }
+    let keep = n as f32 / (n as f32 + PRIOR_RUNS);
+    Ok(reference
+        .iter()
+        .enumerate()
+        .map(|(j, r)| {
+            let mean = healthy.iter().map(|h| h[j]).sum::<f32>() / n as f32;
+            keep * (r - mean)
+        })
+        .collect())
+}
+
+/// Pseudo-runs of the shrinkage in [`recentre_shift`]: with 5 healthy runs the offset is
+/// taken at 5/7 of its measured size, with 20 at 10/11.
+pub const PRIOR_RUNS: f32 = 2.0;
 
 /// A head's deficiency score from its type log-probabilities: 1 − p(none), or 1 for a head
 /// without `none`.
@@ -228,6 +290,38 @@ mod tests {
         std::fs::write(&path, "{\"name\": 1}").unwrap();
         let err = Calibration::load(&path).unwrap_err().to_string();
         assert!(err.contains("not a calibration"), "{err}");
+    }
+
+    #[test]
+    fn recentring_moves_the_healthy_mean_onto_the_reference_shrunk_by_the_run_count() {
+        let reference = [1.0f32, -2.0];
+        // Two runs, mean (4, -2): an offset of (-3, 0), kept at 2 / (2 + PRIOR_RUNS).
+        let runs = [[3.0f32, 0.0], [5.0, -4.0]];
+        let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
+        let keep = 2.0 / (2.0 + PRIOR_RUNS);
+        assert_eq!(
+            recentre_shift(&reference, &rows).unwrap(),
+            vec![-3.0 * keep, 0.0]
+        );
+        assert!(recentre_shift(&reference, &[]).is_err());
+        assert!(recentre_shift(&[], &rows).is_err());
+        let err = recentre_shift(&reference, &[&[1.0][..]])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has 1 values, the head reads 2"), "{err}");
+        // Saved and read back with its shift; a shift that is not a number is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let c = Calibration::conformal("fw", &[0.2], 0.5)
+            .unwrap()
+            .with_recentre(vec![0.5, -0.25]);
+        let path = c.save(dir.path()).unwrap();
+        assert_eq!(Calibration::load(&path).unwrap(), c);
+        assert!(c.describe().contains("recentred"), "{}", c.describe());
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("-0.25", "1e999");
+        std::fs::write(&path, text).unwrap();
+        assert!(Calibration::load(&path).is_err());
     }
 
     #[test]

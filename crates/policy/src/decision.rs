@@ -124,6 +124,11 @@ pub fn head_input(mut features: Vec<f32>, battery: &[ProbeResult], terms: usize)
     features
 }
 
+/// `features` moved by a calibration's `shift`.
+pub fn recentre(features: &[f32], shift: &[f32]) -> Vec<f32> {
+    features.iter().zip(shift).map(|(a, b)| a + b).collect()
+}
+
 /// Mean of the rows from `from` on, then the last row.
 fn pool(hidden: &model::Tensor, from: usize) -> Result<Vec<f32>> {
     let hidden = hidden
@@ -282,6 +287,11 @@ pub struct DecisionHead {
     /// Hashed term buckets its input ends with ([`head_input`]; 0: the model's features alone).
     #[serde(default)]
     pub terms: usize,
+    /// The mean input of the healthy traces it was fitted on (empty: it had none, or it was
+    /// saved before heads recorded it): where a calibration recentres a framework's healthy
+    /// runs ([`crate::calibration::recentre_shift`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub healthy_mean: Vec<f32>,
     /// The operating point set on a user's healthy runs, when one is in use (greedy
     /// decisions only; kept in its own file beside the checkpoint, not in the head's).
     #[serde(skip)]
@@ -305,6 +315,14 @@ impl DecisionHead {
     /// deficiencies the head would name (it never names one the head's operating point would
     /// not), so the false-positive rate is at most the lower of the two.
     pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> Decision {
+        let recentred;
+        let features = match &self.calibration {
+            Some(c) if temperature <= 0.0 && !c.recentre.is_empty() => {
+                recentred = recentre(features, &c.recentre);
+                &recentred[..]
+            }
+            _ => features,
+        };
         let lp = self.type_model.log_probs(features);
         let type_index = match (&self.calibration, self.none_index()) {
             (Some(c), Some(none)) if temperature <= 0.0 => {
@@ -339,6 +357,22 @@ impl DecisionHead {
             .filter(|(i, _)| self.components[*i] != NO_COMPONENT)
             .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
             .map_or(best, |(i, _)| i)
+    }
+
+    /// Attaches `calibration`, checking that a recentring shift fits the head's input.
+    pub fn set_calibration(&mut self, calibration: Option<Calibration>) -> Result<()> {
+        if let Some(c) = &calibration {
+            let dim = self.type_model.mean.len();
+            if !c.recentre.is_empty() && c.recentre.len() != dim {
+                return Err(PolicyError::Calibration(format!(
+                    "calibration `{}` recentres {} values; this head reads {dim} (a calibration of another checkpoint?)",
+                    c.name,
+                    c.recentre.len()
+                )));
+            }
+        }
+        self.calibration = calibration;
+        Ok(())
     }
 
     /// The class index of `none`, when the head has it.
@@ -578,6 +612,7 @@ mod tests {
             ],
             component_model: model(3, vec![2.0, 0.5, 1.0]),
             terms: 0,
+            healthy_mean: Vec::new(),
             calibration: None,
         };
         let d = head.decide(&[0.0], 0.0, 0.0);
@@ -603,6 +638,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            healthy_mean: Vec::new(),
             calibration: None,
         };
         assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
@@ -631,6 +667,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            healthy_mean: Vec::new(),
             calibration: None,
         };
         let named =
@@ -655,5 +692,52 @@ mod tests {
         // Sampling (training) ignores the calibration.
         let d = head.decide(&[0.0], 1.0, 0.0);
         assert_eq!(head.types[d.type_index], "P1");
+    }
+    #[test]
+    fn a_recentring_calibration_moves_the_input_before_the_head_reads_it() {
+        // One feature: P1's score rises with it, none's does not.
+        let mut type_model = model(2, vec![0.0, 0.0]);
+        type_model.weight = vec![2.0, 0.0];
+        let mut head = DecisionHead {
+            types: vec!["P1".into(), NONE.into()],
+            type_model,
+            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
+            component_model: model(2, vec![0.0, 1.0]),
+            terms: 0,
+            healthy_mean: vec![-1.0],
+            calibration: None,
+        };
+        let named = |head: &DecisionHead, x: f32| {
+            head.types[head.decide(&[x], 0.0, 0.0).type_index].clone()
+        };
+        // The framework's healthy runs sit at x = 1, where the head reads P1.
+        assert_eq!(named(&head, 1.0), "P1");
+        let runs = [[1.0f32]; 20];
+        let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
+        let shift = crate::calibration::recentre_shift(&head.healthy_mean, &rows).unwrap();
+        let scores: Vec<f32> = rows
+            .iter()
+            .map(|x| {
+                deficiency_score(
+                    &head.types,
+                    &head.type_model.log_probs(&recentre(x, &shift)),
+                )
+            })
+            .collect();
+        let c = Calibration::conformal("fw", &scores, 0.05)
+            .unwrap()
+            .with_recentre(shift);
+        head.set_calibration(Some(c)).unwrap();
+        // Recentred, a run like the healthy ones is `none`; one far beyond them is P1.
+        assert_eq!(named(&head, 1.0), NONE);
+        assert_eq!(named(&head, 4.0), "P1");
+        // Sampling (training) reads the input as it is.
+        assert_eq!(head.types[head.decide(&[1.0], 1.0, 0.0).type_index], "P1");
+        // A calibration of another head's width is refused with the reason.
+        let other = Calibration::conformal("fw", &[0.1], 0.05)
+            .unwrap()
+            .with_recentre(vec![0.0, 0.0]);
+        let err = head.set_calibration(Some(other)).unwrap_err().to_string();
+        assert!(err.contains("reads 1"), "{err}");
     }
 }

@@ -46,6 +46,17 @@ pub enum Decision {
     Head,
 }
 
+/// How the operating point's cross-validation splits the train split (`[head] folds_by`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FoldsBy {
+    /// Trace i in fold i mod `folds`.
+    #[default]
+    Trace,
+    /// One fold per framework (the agent that produced the trace).
+    Framework,
+}
+
 /// The decision head's fit (warm start) and its PPO updates (`decision = "head"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -74,6 +85,11 @@ pub struct HeadConfig {
     pub none_target: f64,
     /// Folds of the cross-validation that sets the operating point.
     pub folds: usize,
+    /// How that cross-validation splits the train split: `trace` (trace i in fold i mod
+    /// `folds`) or `framework` (each framework's traces one fold, so the share of healthy
+    /// traces answered `none` is met on frameworks the fold's head never read: the operating
+    /// point a user's own framework meets; by trace when the split holds one framework).
+    pub folds_by: FoldsBy,
     /// Set the operating point again every this many PPO steps, by the same cross-validation
     /// over the train split and every live trace reviewed so far (0: keep the warm start's).
     /// The live stream changes the share of healthy traces the head is fitted on (each
@@ -82,6 +98,18 @@ pub struct HeadConfig {
     /// Hashed term buckets of the probe digests the head reads beside the model's features
     /// (`policy::decision::head_input`; 0: the model's features alone).
     pub terms: usize,
+    /// How the fit scales the term buckets: 0 standardises them like the model's features;
+    /// s > 0 leaves them as they are (L2-normalised counts) times s. Standardised, a bucket
+    /// that few train traces fill gets as large a scale as one every trace fills, and a word
+    /// only one framework prints becomes as loud as the words every framework prints.
+    pub term_scale: f64,
+}
+
+impl HeadConfig {
+    /// [`linear::FitOptions::raw_tail`] for these settings.
+    pub fn raw_terms(&self) -> Option<(usize, f32)> {
+        (self.terms > 0 && self.term_scale > 0.0).then_some((self.terms, self.term_scale as f32))
+    }
 }
 
 impl Default for HeadConfig {
@@ -97,6 +125,8 @@ impl Default for HeadConfig {
             recalibrate_every: 0,
             terms: 0,
             folds: 5,
+            folds_by: FoldsBy::Trace,
+            term_scale: 0.0,
         }
     }
 }
@@ -649,6 +679,12 @@ impl RunConfig {
             }
             if !(0.0..=1.0).contains(&self.head.none_target) {
                 return bad("head.none_target", "must be a share between 0 and 1");
+            }
+            if !(self.head.term_scale.is_finite() && self.head.term_scale >= 0.0) {
+                return bad(
+                    "head.term_scale",
+                    "must be 0 (standardise the terms) or a positive scale",
+                );
             }
             if self.head.folds < 2 {
                 return bad("head.folds", "cross-validation needs at least 2 folds");

@@ -29,7 +29,7 @@ use policy::decision::{self, DecisionHead};
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ReviewOptimizer, ReviewWeighting};
+use crate::config::{FoldsBy, ReviewOptimizer, ReviewWeighting};
 use crate::{Result, RlError};
 
 /// The decision head's input for every battery: the language model's features (see
@@ -101,8 +101,29 @@ pub fn fit(
         components,
         component_model,
         terms,
+        healthy_mean: healthy_mean(train, train_x),
         calibration: None,
     })
+}
+
+/// The mean input of the healthy traces of `train` (empty when it has none).
+pub fn healthy_mean(train: &[Labelled], x: &[Vec<f32>]) -> Vec<f32> {
+    let healthy: Vec<&Vec<f32>> = train
+        .iter()
+        .zip(x)
+        .filter(|(t, _)| t.truth.deficiency_id == taxonomy::NONE)
+        .map(|(_, x)| x)
+        .collect();
+    let Some(first) = healthy.first() else {
+        return Vec::new();
+    };
+    let mut mean = vec![0f32; first.len()];
+    for v in &healthy {
+        for (m, a) in mean.iter_mut().zip(v.iter()) {
+            *m += a / healthy.len() as f32;
+        }
+    }
+    mean
 }
 
 /// One train trace as a head fitted without it reads it (cross-validation).
@@ -145,33 +166,66 @@ impl OutOfFold {
     }
 }
 
-/// `folds`-fold cross-validation over the train split: trace i falls in fold i mod `folds`
-/// and is read by a type softmax fitted on the other folds. No held-out trace is read.
+/// Cross-validation over the train split, each trace read by a type softmax fitted on the
+/// other folds: trace i falls in fold i mod `folds` ([`FoldsBy::Trace`]), or each framework's
+/// traces make one fold ([`FoldsBy::Framework`], when the split holds two or more frameworks;
+/// otherwise by trace). No held-out trace is read.
 pub fn out_of_fold(
     train: &[Labelled],
     x: &[Vec<f32>],
     folds: usize,
+    by: FoldsBy,
     options: &FitOptions,
 ) -> Result<Vec<OutOfFold>> {
     let truths: Vec<&str> = train
         .iter()
         .map(|t| t.truth.deficiency_id.as_str())
         .collect();
-    out_of_fold_of(&truths, x, folds, options)
+    let frameworks: Vec<Option<&str>> = train.iter().map(|t| t.agent.as_deref()).collect();
+    let fold_of = fold_assignment(&frameworks, folds, by);
+    out_of_fold_of(&truths, x, &fold_of, options)
 }
 
-/// [`out_of_fold`] over examples given by their type ids (`truths[i]` is example i's).
+/// Each example's fold: by [`FoldsBy::Framework`], one fold per distinct framework in
+/// `frameworks` (first use order; an example without one gets a fold of its own index mod
+/// `folds` among the rest), when there are two or more; otherwise example i is in fold
+/// i mod `folds` (at least 2).
+pub fn fold_assignment(frameworks: &[Option<&str>], folds: usize, by: FoldsBy) -> Vec<usize> {
+    let folds = folds.max(2);
+    let mut seen: Vec<&str> = Vec::new();
+    for f in frameworks.iter().flatten() {
+        if !seen.contains(f) {
+            seen.push(f);
+        }
+    }
+    if by == FoldsBy::Trace || seen.len() < 2 {
+        return (0..frameworks.len()).map(|i| i % folds).collect();
+    }
+    frameworks
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match f {
+            Some(f) => seen.iter().position(|s| s == f).unwrap_or_default(),
+            None => seen.len() + i % folds,
+        })
+        .collect()
+}
+
+/// [`out_of_fold`] over examples given by their type ids (`truths[i]` is example i's) and
+/// their folds (`fold_of[i]`, e.g. from [`fold_assignment`]).
 pub fn out_of_fold_of(
     truths: &[&str],
     x: &[Vec<f32>],
-    folds: usize,
+    fold_of: &[usize],
     options: &FitOptions,
 ) -> Result<Vec<OutOfFold>> {
     let mut out: Vec<Option<OutOfFold>> = vec![None; truths.len()];
-    let folds = folds.max(2);
-    for fold in 0..folds {
+    let mut folds: Vec<usize> = fold_of.to_vec();
+    folds.sort_unstable();
+    folds.dedup();
+    for fold in folds {
         let (fit_on, named): (Vec<usize>, Vec<usize>) =
-            (0..truths.len()).partition(|i| i % folds != fold);
+            (0..truths.len()).partition(|&i| fold_of[i] != fold);
         if fit_on.is_empty() || named.is_empty() {
             continue;
         }
@@ -461,6 +515,9 @@ pub fn update(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     pub features: Vec<f32>,
+    /// The framework (agent) whose run it is, for cross-validation by framework.
+    #[serde(default)]
+    pub agent: Option<String>,
     /// The true type's class index in the head.
     pub class: usize,
     /// The class it answered.
@@ -691,6 +748,33 @@ mod tests {
     }
 
     #[test]
+    fn folds_by_framework_put_each_framework_in_a_fold_of_its_own() {
+        let f = [
+            Some("ag2"),
+            Some("swe"),
+            Some("ag2"),
+            None,
+            Some("swe"),
+            None,
+        ];
+        assert_eq!(
+            fold_assignment(&f, 5, FoldsBy::Framework),
+            // Traces of no known framework: after the frameworks' folds, by trace (i mod 5).
+            vec![0, 1, 0, 2 + 3, 1, 2]
+        );
+        assert_eq!(
+            fold_assignment(&f, 5, FoldsBy::Trace),
+            vec![0, 1, 2, 3, 4, 0]
+        );
+        // One framework: by trace, whatever was asked.
+        let one = [Some("swe"); 4];
+        assert_eq!(
+            fold_assignment(&one, 2, FoldsBy::Framework),
+            vec![0, 1, 0, 1]
+        );
+    }
+
+    #[test]
     fn cross_validation_finds_the_types_a_head_confuses() {
         // A and B share their features (no head can tell them apart); C stands alone.
         let mut train = Vec::new();
@@ -708,7 +792,7 @@ mod tests {
             max_epochs: 200,
             ..FitOptions::default()
         };
-        let read = out_of_fold(&train, &x, 5, &options).unwrap();
+        let read = out_of_fold(&train, &x, 5, FoldsBy::Trace, &options).unwrap();
         assert_eq!(read.len(), train.len());
         let errors = cross_validated_errors(&read);
         assert_eq!(errors["C"], (0, 10));
@@ -879,6 +963,7 @@ mod tests {
         let anchor: Vec<(&[f32], usize)> = vec![(&anchor_x[0], 0), (&anchor_x[1], 1)];
         let failures = vec![Failure {
             features: vec![1.0, 3.0],
+            agent: None,
             class: 2,
             answered: 0,
         }];
@@ -944,6 +1029,7 @@ mod tests {
         let anchor: Vec<(&[f32], usize)> = vec![(&anchor_x[0], 0), (&anchor_x[1], 1)];
         let failures = vec![Failure {
             features: vec![0.1, 0.3],
+            agent: None,
             class: 2,
             answered: 0,
         }];
@@ -976,6 +1062,7 @@ mod tests {
         let (a0, a1) = (vec![0.5f32, -1.0], vec![-0.3f32, 0.7]);
         let failures = vec![Failure {
             features: vec![1.0, 2.0],
+            agent: None,
             class: 2,
             answered: 0,
         }];

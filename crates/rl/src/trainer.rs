@@ -27,7 +27,7 @@ use collective::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
-use crate::config::{Decision, InjectorFocus, InjectorMode, RunConfig, Topology};
+use crate::config::{Decision, FoldsBy, InjectorFocus, InjectorMode, RunConfig, Topology};
 use crate::environment::{self, CorpusPrior, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
 use crate::head::{self, HeadSample};
@@ -153,6 +153,9 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// What a cached out-of-fold reading was made with: the fold count and how folds split.
+type FoldKey = (usize, FoldsBy);
+
 pub struct Trainer {
     config: RunConfig,
     config_text: String,
@@ -169,7 +172,7 @@ pub struct Trainer {
     /// Train-split traces with their features, replayed in each PPO step (`decision = "head"`).
     replay: Vec<(Labelled, Vec<f32>)>,
     /// The train split read out of fold, with the fold count (see `Trainer::out_of_fold`).
-    out_of_fold: Option<(usize, Arc<[head::OutOfFold]>)>,
+    out_of_fold: Option<(FoldKey, Arc<[head::OutOfFold]>)>,
     /// The warm-started head's cross-validated errors per type (`[injector] focus =
     /// "confusion"`), which the Injector's episodes are drawn by.
     focus: Option<BTreeMap<String, (usize, usize)>>,
@@ -688,6 +691,7 @@ impl Trainer {
             patience: h.patience,
             log_every,
             standardise: true,
+            raw_tail: h.raw_terms(),
         }
     }
 
@@ -752,18 +756,20 @@ impl Trainer {
         Ok(())
     }
 
-    /// The train split read out of fold (`folds`-fold cross-validation of the type head),
-    /// computed once per fold count and kept for the operating point and the focus.
-    fn out_of_fold(&mut self, folds: usize) -> Result<Arc<[head::OutOfFold]>> {
+    /// The train split read out of fold (cross-validation of the type head, `folds` folds
+    /// split `by` trace or framework), computed once per split and kept for the operating
+    /// point and the focus.
+    fn out_of_fold(&mut self, folds: usize, by: FoldsBy) -> Result<Arc<[head::OutOfFold]>> {
         if let Some((k, read)) = &self.out_of_fold {
-            if *k == folds {
+            if *k == (folds, by) {
                 return Ok(Arc::clone(read));
             }
         }
         let options = self.head_fit_options(0);
         let (train, x): (Vec<Labelled>, Vec<Vec<f32>>) = self.replay.iter().cloned().unzip();
-        let read: Arc<[head::OutOfFold]> = head::out_of_fold(&train, &x, folds, &options)?.into();
-        self.out_of_fold = Some((folds, Arc::clone(&read)));
+        let read: Arc<[head::OutOfFold]> =
+            head::out_of_fold(&train, &x, folds, by, &options)?.into();
+        self.out_of_fold = Some(((folds, by), Arc::clone(&read)));
         Ok(read)
     }
 
@@ -783,7 +789,7 @@ impl Trainer {
     /// on the train split's out-of-fold readings, logged and written to `operating-point.json`
     /// in the run directory.
     fn operating_point(&mut self) -> Result<head::NoneShift> {
-        let read = self.out_of_fold(self.config.head.folds)?;
+        let read = self.out_of_fold(self.config.head.folds, self.config.head.folds_by)?;
         let point = head::none_shift(&read, self.config.head.none_target);
         let share = |a: usize, n: usize| a as f64 / n.max(1) as f64;
         tracing::info!(
@@ -815,21 +821,24 @@ impl Trainer {
             return Ok(0.0);
         };
         let mut truths: Vec<&str> = Vec::new();
+        let mut frameworks: Vec<Option<&str>> = Vec::new();
         let mut x: Vec<Vec<f32>> = Vec::new();
         for (t, f) in &self.replay {
             truths.push(&t.truth.deficiency_id);
+            frameworks.push(t.agent.as_deref());
             x.push(f.clone());
         }
         for f in &self.state.head_failures {
             truths.push(&h.types[f.class]);
+            frameworks.push(f.agent.as_deref());
             x.push(f.features.clone());
         }
-        let read = head::out_of_fold_of(
-            &truths,
-            &x,
+        let fold_of = head::fold_assignment(
+            &frameworks,
             self.config.head.folds,
-            &self.head_fit_options(0),
-        )?;
+            self.config.head.folds_by,
+        );
+        let read = head::out_of_fold_of(&truths, &x, &fold_of, &self.head_fit_options(0))?;
         let point = head::none_shift(&read, self.config.head.none_target);
         tracing::info!(
             step,
@@ -1057,7 +1066,7 @@ impl Trainer {
     /// The head's errors per type by cross-validation on the train split (`[injector] focus =
     /// "confusion"`), logged and written to `focus.json` in the run directory.
     fn confusion_focus(&mut self) -> Result<BTreeMap<String, (usize, usize)>> {
-        let read = self.out_of_fold(self.config.injector.focus_folds)?;
+        let read = self.out_of_fold(self.config.injector.focus_folds, FoldsBy::Trace)?;
         let errors = head::cross_validated_errors(&read);
         let (missed, total) = errors
             .values()
@@ -1577,7 +1586,8 @@ impl Trainer {
                     if let (Some((h, _)), Some((features, _, _))) =
                         (&self.heads, e.head_choices.first())
                     {
-                        new_head_failures.extend(review_example(h, features, &truth, keep_named).0);
+                        new_head_failures
+                            .extend(review_example(h, features, &truth, &e.agent, keep_named).0);
                     }
                     // One higher-order example per trace: its other investigations' failures
                     // would be near copies.
@@ -1633,7 +1643,8 @@ impl Trainer {
                     if let (Some((h, _)), Some((features, _, _))) =
                         (&self.heads, e.healthy_choices.first())
                     {
-                        let (example, named) = review_example(h, features, &truth, keep_named);
+                        let (example, named) =
+                            review_example(h, features, &truth, &e.agent, keep_named);
                         healthy_flagged += usize::from(!named);
                         new_head_failures.extend(example);
                     } else {
@@ -2065,6 +2076,7 @@ fn review_example(
     h: &DecisionHead,
     features: &[f32],
     truth: &reward::Truth,
+    agent: &str,
     keep_named: bool,
 ) -> (Option<head::Failure>, bool) {
     let answered = h.type_model.predict(features);
@@ -2074,6 +2086,7 @@ fn review_example(
         .filter(|_| keep_named || !named)
         .map(|class| head::Failure {
             features: features.to_vec(),
+            agent: Some(agent.to_owned()),
             class,
             answered,
         });

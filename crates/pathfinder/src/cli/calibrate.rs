@@ -31,6 +31,10 @@ pub struct CalibrateArgs {
     /// calibration is used [default: the store's file name].
     #[arg(long)]
     pub name: Option<String>,
+    /// Set only the threshold: do not move the head's input so that the healthy runs' mean
+    /// sits where the training split's healthy traces did (`policy::calibration::recentre_shift`).
+    #[arg(long)]
+    pub no_recentre: bool,
     /// Write the calibration here instead of DIR/calibration.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -53,10 +57,38 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         ProgressStyle::with_template("scoring {bar:30} {pos}/{len} healthy runs")
             .expect("valid template"),
     );
-    let scores = trained.scores(&args.db, &ids, |i| bar.set_position(i as u64))?;
+    let (head, inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
     bar.finish_and_clear();
-    let calibration = Calibration::conformal(&name, &scores, args.alpha)?;
-    let flagged_before = scores.iter().filter(|s| **s > 0.5).count();
+    let score = |x: &[f32]| {
+        policy::calibration::deficiency_score(&head.types, &head.type_model.log_probs(x))
+    };
+    let flagged_before = inputs.iter().filter(|x| score(x) > 0.5).count();
+    let shift = if args.no_recentre {
+        None
+    } else if head.healthy_mean.is_empty() {
+        tracing::warn!(
+            "{}: the head recorded no healthy mean (fitted without healthy traces, or before heads kept one); setting the threshold only",
+            args.checkpoint.display()
+        );
+        None
+    } else {
+        let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        Some(policy::calibration::recentre_shift(
+            &head.healthy_mean,
+            &rows,
+        )?)
+    };
+    let scores: Vec<f32> = match &shift {
+        Some(s) => inputs
+            .iter()
+            .map(|x| score(&policy::decision::recentre(x, s)))
+            .collect(),
+        None => inputs.iter().map(|x| score(x)).collect(),
+    };
+    let mut calibration = Calibration::conformal(&name, &scores, args.alpha)?;
+    if let Some(s) = shift {
+        calibration = calibration.with_recentre(s);
+    }
     let written = match &args.out {
         Some(path) => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
@@ -72,7 +104,8 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     };
     println!("{}", calibration.describe());
     println!(
-        "healthy scores: min {:.3}, median {:.3}, max {:.3}; {} of {} scored above 0.5",
+        "healthy scores{}: min {:.3}, median {:.3}, max {:.3}; {} of {} scored above 0.5 before calibration",
+        if calibration.recentre.is_empty() { "" } else { " (recentred)" },
         calibration.healthy_scores[0],
         calibration.healthy_scores[calibration.healthy_scores.len() / 2],
         calibration.healthy_scores[calibration.healthy_scores.len() - 1],

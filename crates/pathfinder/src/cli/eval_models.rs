@@ -294,7 +294,8 @@ impl Trained {
                 self.dir.display()
             );
         };
-        head.calibration = self.calibration;
+        head.set_calibration(self.calibration)
+            .with_context(|| format!("calibrating the head of {}", self.dir.display()))?;
         let system = policy::decision::system_prompt(&catalog()?);
         let cache = self
             .dir
@@ -317,14 +318,14 @@ impl Trained {
         ))
     }
 
-    /// The deficiency score (1 − p(none)) of each trace of `ids` in `db`, as the decision
-    /// head reads it: what `pathfinder calibrate` sets a threshold over.
-    pub fn scores(
+    /// The decision head's input for each trace of `ids` in `db`, and the head: what
+    /// `pathfinder calibrate` recentres and sets a threshold over.
+    pub fn head_inputs(
         self,
         db: &Path,
         ids: &[String],
         mut on_done: impl FnMut(usize),
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(Arc<policy::decision::DecisionHead>, Vec<Vec<f32>>)> {
         let (head, reader, shared) = self.head_parts()?;
         let sql = detect::sql::SqlTool::open(db, detect::sql::SqlLimits::default())
             .with_context(|| format!("opening {}", db.display()))?;
@@ -344,11 +345,11 @@ impl Trained {
                     x.len()
                 );
             }
-            let lp = head.type_model.log_probs(&x);
-            out.push(policy::calibration::deficiency_score(&head.types, &lp));
+            out.push(x);
             on_done(i + 1);
         }
-        Ok(out)
+        drop(pm);
+        Ok((head, out))
     }
 
     /// Blames each imported chat log with the Detector adapter choosing among the log's turns

@@ -282,15 +282,27 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                 })
                 .cloned()
                 .collect();
-            for n in std::iter::once(0).chain(calibrate_with.iter().copied()) {
-                let Some(cases) = fitted.calibrated_cases(db, &healthy[..n], &rest, framework)?
+            // N = 0 is the head as fitted; each N > 0 twice: the threshold alone, and the
+            // threshold over inputs recentred on the N runs (what `calibrate` does by default).
+            let settings = std::iter::once((0, false)).chain(
+                calibrate_with
+                    .iter()
+                    .flat_map(|n| [(*n, false), (*n, true)]),
+            );
+            for (n, recentre) in settings {
+                let Some(cases) =
+                    fitted.calibrated_cases(db, &healthy[..n], recentre, &rest, framework)?
                 else {
                     continue;
                 };
                 let summary = metrics::summarise(&cases, &catalog, &bootstrap);
                 rows.push(Row {
                     framework: framework.clone(),
-                    detector: format!("{name} calibrated on {n} healthy"),
+                    detector: if recentre {
+                        format!("{name} recentred and calibrated on {n} healthy")
+                    } else {
+                        format!("{name} calibrated on {n} healthy")
+                    },
                     deficient: cases.iter().filter(|c| !metrics::healthy(c)).count(),
                     healthy: summary.healthy,
                     detection: summary.detection,
@@ -488,11 +500,13 @@ impl<'a> Fitted<'a> {
 
 impl Fitted<'_> {
     /// The last fold's warm-started head calibrated on the healthy runs `healthy` (none: as
-    /// fitted), scored on `scored`. `None` for detectors without a head.
+    /// fitted), its input `recentre`d on them or not, scored on `scored`. `None` for detectors
+    /// without a head.
     fn calibrated_cases(
         &self,
         db: &Path,
         healthy: &[&Labelled],
+        recentre: bool,
         scored: &[Labelled],
         framework: &str,
     ) -> Result<Option<Vec<Case>>> {
@@ -508,16 +522,34 @@ impl Fitted<'_> {
         };
         let mut head = DecisionHead::clone(head);
         if !healthy.is_empty() {
-            let scores: Vec<f32> = healthy
+            let inputs: Vec<&[f32]> = healthy
                 .iter()
-                .map(|t| {
-                    let lp = head.type_model.log_probs(&features[&t.trace_id]);
+                .map(|t| features[&t.trace_id].as_slice())
+                .collect();
+            let shift = if recentre {
+                Some(policy::calibration::recentre_shift(
+                    &head.healthy_mean,
+                    &inputs,
+                )?)
+            } else {
+                None
+            };
+            let scores: Vec<f32> = inputs
+                .iter()
+                .map(|x| {
+                    let x = match &shift {
+                        Some(s) => policy::decision::recentre(x, s),
+                        None => x.to_vec(),
+                    };
+                    let lp = head.type_model.log_probs(&x);
                     policy::calibration::deficiency_score(&head.types, &lp)
                 })
                 .collect();
-            head.calibration = Some(policy::calibration::Calibration::conformal(
-                framework, &scores, 0.05,
-            )?);
+            let mut c = policy::calibration::Calibration::conformal(framework, &scores, 0.05)?;
+            if let Some(s) = shift {
+                c = c.with_recentre(s);
+            }
+            head.set_calibration(Some(c))?;
         }
         head_cases(
             db,
@@ -622,10 +654,11 @@ fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Resul
         patience: h.patience,
         log_every: 0,
         standardise: true,
+        raw_tail: h.raw_terms(),
     };
     let mut head = rl::head::fit(train, x, None, h.terms, &options, |_| {})?;
     if h.none_target > 0.0 {
-        let read = rl::head::out_of_fold(train, x, h.folds, &options)?;
+        let read = rl::head::out_of_fold(train, x, h.folds, h.folds_by, &options)?;
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
     }
     Ok(head)
