@@ -359,6 +359,41 @@ impl DecisionHead {
             .map_or(best, |(i, _)| i)
     }
 
+    /// The calibration set on a framework's `healthy` head inputs: its input recentred on
+    /// them first when `recentre_first` ([`crate::calibration::recentre_shift`]), then the conformal
+    /// threshold at `alpha` over their deficiency scores as the head then reads them.
+    pub fn calibration_on(
+        &self,
+        name: &str,
+        healthy: &[&[f32]],
+        alpha: f64,
+        recentre_first: bool,
+    ) -> Result<Calibration> {
+        let shift = if recentre_first {
+            Some(crate::calibration::recentre_shift(
+                &self.healthy_mean,
+                healthy,
+            )?)
+        } else {
+            None
+        };
+        let scores: Vec<f32> = healthy
+            .iter()
+            .map(|x| {
+                let lp = match &shift {
+                    Some(s) => self.type_model.log_probs(&recentre(x, s)),
+                    None => self.type_model.log_probs(x),
+                };
+                deficiency_score(&self.types, &lp)
+            })
+            .collect();
+        let calibration = Calibration::conformal(name, &scores, alpha)?;
+        Ok(match shift {
+            Some(s) => calibration.with_recentre(s),
+            None => calibration,
+        })
+    }
+
     /// Attaches `calibration`, checking that a recentring shift fits the head's input.
     pub fn set_calibration(&mut self, calibration: Option<Calibration>) -> Result<()> {
         if let Some(c) = &calibration {

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use policy::calibration::Calibration;
 
 use super::eval_models;
 
@@ -59,36 +58,21 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     );
     let (head, inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
     bar.finish_and_clear();
-    let score = |x: &[f32]| {
-        policy::calibration::deficiency_score(&head.types, &head.type_model.log_probs(x))
-    };
-    let flagged_before = inputs.iter().filter(|x| score(x) > 0.5).count();
-    let shift = if args.no_recentre {
-        None
-    } else if head.healthy_mean.is_empty() {
+    let flagged_before = inputs
+        .iter()
+        .filter(|x| {
+            policy::calibration::deficiency_score(&head.types, &head.type_model.log_probs(x)) > 0.5
+        })
+        .count();
+    let recentre = !args.no_recentre && !head.healthy_mean.is_empty();
+    if !args.no_recentre && !recentre {
         tracing::warn!(
             "{}: the head recorded no healthy mean (fitted without healthy traces, or before heads kept one); setting the threshold only",
             args.checkpoint.display()
         );
-        None
-    } else {
-        let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        Some(policy::calibration::recentre_shift(
-            &head.healthy_mean,
-            &rows,
-        )?)
-    };
-    let scores: Vec<f32> = match &shift {
-        Some(s) => inputs
-            .iter()
-            .map(|x| score(&policy::decision::recentre(x, s)))
-            .collect(),
-        None => inputs.iter().map(|x| score(x)).collect(),
-    };
-    let mut calibration = Calibration::conformal(&name, &scores, args.alpha)?;
-    if let Some(s) = shift {
-        calibration = calibration.with_recentre(s);
     }
+    let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let calibration = head.calibration_on(&name, &rows, args.alpha, recentre)?;
     let written = match &args.out {
         Some(path) => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
@@ -110,7 +94,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         calibration.healthy_scores[calibration.healthy_scores.len() / 2],
         calibration.healthy_scores[calibration.healthy_scores.len() - 1],
         flagged_before,
-        scores.len()
+        inputs.len()
     );
     println!("wrote {}", written.display());
     Ok(())

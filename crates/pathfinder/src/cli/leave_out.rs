@@ -526,29 +526,7 @@ impl Fitted<'_> {
                 .iter()
                 .map(|t| features[&t.trace_id].as_slice())
                 .collect();
-            let shift = if recentre {
-                Some(policy::calibration::recentre_shift(
-                    &head.healthy_mean,
-                    &inputs,
-                )?)
-            } else {
-                None
-            };
-            let scores: Vec<f32> = inputs
-                .iter()
-                .map(|x| {
-                    let x = match &shift {
-                        Some(s) => policy::decision::recentre(x, s),
-                        None => x.to_vec(),
-                    };
-                    let lp = head.type_model.log_probs(&x);
-                    policy::calibration::deficiency_score(&head.types, &lp)
-                })
-                .collect();
-            let mut c = policy::calibration::Calibration::conformal(framework, &scores, 0.05)?;
-            if let Some(s) = shift {
-                c = c.with_recentre(s);
-            }
+            let c = head.calibration_on(framework, &inputs, 0.05, recentre)?;
             head.set_calibration(Some(c))?;
         }
         head_cases(
