@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use agents::process::ProcessEnd;
 use agents::run;
@@ -105,6 +106,7 @@ impl Runner {
         task: &Task,
         repo: &Path,
         out_dir: &Path,
+        timeout: Duration,
     ) -> EpisodeSpec {
         EpisodeSpec {
             id,
@@ -118,8 +120,8 @@ impl Runner {
             llm_socket: self.executor.llm_socket().to_owned(),
             model: run::DEFAULT_MODEL.into(),
             limits: Limits {
-                timeout: self.options.timeout,
-                test_timeout: self.options.timeout,
+                timeout,
+                test_timeout: timeout,
                 ..Limits::default()
             },
             python_site: agent.python_site(),
@@ -144,8 +146,14 @@ impl Runner {
             }
             std::fs::create_dir_all(&dir).map_err(io(&dir))?;
             let id = format!("clean.{}.{}", clean.agent.name, task.id());
-            self.executor
-                .run(&self.spec(id, &clean.agent, task, &clean.repo, &dir))?;
+            self.executor.run(&self.spec(
+                id,
+                &clean.agent,
+                task,
+                &clean.repo,
+                &dir,
+                self.options.timeout,
+            ))?;
         }
         read_facts(&dir)
     }
@@ -180,8 +188,28 @@ fn read_facts(dir: &Path) -> Result<RunFacts, CorpusError> {
         trace_problems: outcome.collected.trace_problems,
         features,
         contained,
+        duration_ms: outcome.duration_ms,
     })
 }
+
+/// An injected run's time limit, learnt from its clean run: [`LIMIT_FACTOR`] times as long as
+/// the clean agent ran, at least [`LIMIT_FLOOR`] (so that load on the machine cannot push a
+/// healthy run past it), at most the corpus's `--timeout` (which the clean run has). A
+/// deadlock then costs seconds instead of the full minute, and nothing else changes: the
+/// slowest injected run that ends by itself takes about 2x its clean run (BENCHMARKS.md), and a
+/// run killed at its limit is recorded as timed out either way (the digest leaves the limit's
+/// value out, `publish::canonical`).
+fn injected_timeout(clean: &RunFacts, ceiling: Duration) -> Duration {
+    let learnt = Duration::from_millis(clean.duration_ms.saturating_mul(LIMIT_FACTOR));
+    if clean.timed_out {
+        return ceiling;
+    }
+    learnt.max(LIMIT_FLOOR).min(ceiling)
+}
+
+/// See [`injected_timeout`].
+const LIMIT_FACTOR: u64 = 10;
+const LIMIT_FLOOR: Duration = Duration::from_secs(10);
 
 fn summary(facts: &RunFacts) -> RunSummary {
     RunSummary {
@@ -482,6 +510,7 @@ fn run_episode(
         &task,
         &artifact.dir.join("repo"),
         &run_dir,
+        injected_timeout(&clean_facts, options.timeout),
     );
     runner.executor.run(&spec)?;
     let facts = read_facts(&run_dir)?;
@@ -513,4 +542,40 @@ fn run_episode(
 /// of its id, which names nothing a Detector could read an answer from.
 pub fn episode_dir_name(id: &str) -> String {
     hex(&Sha256::digest(id.as_bytes()))[..16].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clean(duration_ms: u64, timed_out: bool) -> RunFacts {
+        RunFacts {
+            end: String::new(),
+            exit_ok: !timed_out,
+            timed_out,
+            success: !timed_out,
+            spans: 1,
+            trace_problems: Vec::new(),
+            features: TraceFeatures::default(),
+            contained: Vec::new(),
+            duration_ms,
+        }
+    }
+
+    #[test]
+    fn an_injected_run_gets_ten_times_its_clean_run_within_the_floor_and_the_ceiling() {
+        let minute = Duration::from_secs(60);
+        // A quick clean run: the floor.
+        assert_eq!(injected_timeout(&clean(235, false), minute), LIMIT_FLOOR);
+        // A slow one (a real model behind --llm): ten times as long.
+        assert_eq!(
+            injected_timeout(&clean(4_000, false), minute),
+            Duration::from_secs(40)
+        );
+        // Never past --timeout, which a clean run that timed out gets whole.
+        assert_eq!(injected_timeout(&clean(30_000, false), minute), minute);
+        assert_eq!(injected_timeout(&clean(60_000, true), minute), minute);
+        let short = Duration::from_secs(8);
+        assert_eq!(injected_timeout(&clean(235, false), short), short);
+    }
 }

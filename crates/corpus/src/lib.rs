@@ -12,6 +12,7 @@ pub mod episode;
 pub mod features;
 pub mod generate;
 pub mod keyword;
+pub mod merge;
 pub mod parquet;
 pub mod planning;
 pub mod publish;
@@ -22,6 +23,7 @@ pub use confusability::Confusability;
 pub use features::{FeatureDiff, TraceFeatures};
 pub use generate::{
     clean_trace_path, episode_dir_name, generate, manifest_path, plan, CorpusError, EpisodeRunner,
-    Finish, GenerateOptions, Manifest, Planned, Report, RunSummary,
+    Finish, GenerateOptions, Manifest, Planned, Report, RunSummary, Shard,
 };
+pub use merge::merge;
 pub use validate::{Check, NonTriviality, Validation};

@@ -30,7 +30,8 @@ pub struct GenerateOptions {
     pub keyword: bool,
     #[serde(skip)]
     pub python: String,
-    /// Wall-clock limit of one agent run.
+    /// Wall-clock limit of a clean run, and the most an injected run gets (its own limit is
+    /// learnt from its clean run: `episode::injected_timeout`).
     #[serde(skip)]
     pub timeout: Duration,
     /// Stop after this many newly completed episodes (an interruption on purpose).
@@ -45,6 +46,81 @@ pub struct GenerateOptions {
     /// Not part of the plan: a corpus is the same whichever sandbox made it.
     #[serde(skip)]
     pub isolation: ExecutorOptions,
+    /// Run only this part of the plan (`--shard I/N`); `corpus merge` joins the parts. Written
+    /// in a shard's plan.json (so a resumed shard is the same part), absent from a whole run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+}
+
+/// Part `index` (1-based) of `count` of a plan.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `I/N` with 1 ≤ I ≤ N.
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let (i, n) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?}: expected I/N, e.g. 1/4"))?;
+        let parse = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("{s:?}: {x:?} is not a count ({e})"))
+        };
+        let (index, count) = (parse(i)?, parse(n)?);
+        if count == 0 || index == 0 || index > count {
+            return Err(format!(
+                "{s:?}: I must be between 1 and N, and N at least 1"
+            ));
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    /// The positions in `episodes` of this shard's part. Episodes of one (agent, task) share a
+    /// clean run, so they stay together: the groups, largest first (ties in plan order), each go
+    /// to the part with the fewest episodes so far (ties to the lowest index). A function of
+    /// the plan alone, so every machine computes the same parts, and the parts of `count`
+    /// cover the plan exactly once.
+    pub fn select(&self, episodes: &[Planned]) -> Vec<usize> {
+        let mut groups: Vec<(&str, &str, Vec<usize>)> = Vec::new();
+        for (i, ep) in episodes.iter().enumerate() {
+            match groups
+                .iter_mut()
+                .find(|(a, t, _)| *a == ep.agent && *t == ep.task)
+            {
+                Some((_, _, members)) => members.push(i),
+                None => groups.push((&ep.agent, &ep.task, vec![i])),
+            }
+        }
+        // Stable: equal sizes keep plan order.
+        groups.sort_by_key(|(_, _, members)| std::cmp::Reverse(members.len()));
+        let mut load = vec![0usize; self.count];
+        let mut mine = Vec::new();
+        for (_, _, members) in groups {
+            let part = (0..self.count)
+                .min_by_key(|&p| (load[p], p))
+                .expect("count ≥ 1");
+            load[part] += members.len();
+            if part + 1 == self.index {
+                mine.extend(members);
+            }
+        }
+        mine.sort_unstable();
+        mine
+    }
 }
 
 /// One planned episode.

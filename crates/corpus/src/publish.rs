@@ -158,14 +158,34 @@ pub fn assign_splits(
     out
 }
 
-/// The deterministic content of a record: everything but trace ids and per-run paths.
+/// What the corpus digest covers of one record: the episode's labels and verdicts, which the
+/// same command and seed reproduce on any machine, under any load and any `--jobs`.
+///
+/// In: the episode (id, agent, task, type, variant, strategy, template, seed), the diff, its
+/// location and commit, each run's end, success and containment, every check's verdict, the
+/// manifestation classes, the keyword baseline's answer, and the split.
+/// Out: the trace path and the agents' trace ids; check details (they quote process output and
+/// paths); the timeout clause of `contained` (it repeats `end` with the limit in seconds, a
+/// run-time knob learnt from the clean run's duration); and the runs' measured features and
+/// their per-feature diff — counts of errors, spans and tokens that a deficiency racing
+/// against a clock or another thread (a deadline computed wrongly, an unlocked update) varies
+/// from run to run, and whose classes the verdicts keep. [`features_canonical`] hashes those
+/// measurements for the ledger, so two corpora can still be compared on them.
 fn canonical(m: &Manifest, split: &str) -> String {
     let mut v = serde_json::to_value(m).expect("serialises");
     if let Some(o) = v.as_object_mut() {
         o.remove("trace");
         o.insert("split".into(), Value::String(split.into()));
-        // Validation details quote process output (paths); the verdicts and features stay.
+        for run in ["clean", "injected"] {
+            if let Some(r) = o.get_mut(run).and_then(Value::as_object_mut) {
+                r.remove("features");
+                if let Some(Value::Array(clauses)) = r.get_mut("contained") {
+                    clauses.retain(|c| !c.as_str().is_some_and(is_timeout_clause));
+                }
+            }
+        }
         if let Some(val) = o.get_mut("validation").and_then(Value::as_object_mut) {
+            val.remove("feature_diff");
             for check in ["applies", "runs", "traces", "manifests"] {
                 if let Some(c) = val.get_mut(check).and_then(Value::as_object_mut) {
                     c.remove("detail");
@@ -177,6 +197,18 @@ fn canonical(m: &Manifest, split: &str) -> String {
         }
     }
     serde_json::to_string(&v).expect("serialises")
+}
+
+/// The runner's clause for a run killed at its time limit (`runner::Containment::describe`).
+fn is_timeout_clause(clause: &str) -> bool {
+    clause.starts_with("ran past its ") && clause.ends_with(" timeout and was killed")
+}
+
+/// The runs' measured features, which the digest leaves out ([`canonical`]): hashed per
+/// episode in the ledger beside the digest's part.
+fn features_canonical(m: &Manifest) -> String {
+    serde_json::to_string(&(&m.clean.features, m.injected.as_ref().map(|r| &r.features)))
+        .expect("serialises")
 }
 
 /// Builds the store, the exports, the report and the digest from the manifests.
@@ -308,7 +340,8 @@ pub(crate) fn publish(
         .iter()
         .map(|m| {
             let digest = hex(&Sha256::digest(canonical(m, "").as_bytes()));
-            serde_json::json!({"episode": m.id, "valid": m.validation.valid, "manifest_sha256": digest})
+            let features = hex(&Sha256::digest(features_canonical(m).as_bytes()));
+            serde_json::json!({"episode": m.id, "valid": m.validation.valid, "manifest_sha256": digest, "features_sha256": features})
                 .to_string()
                 + "\n"
         })

@@ -103,6 +103,8 @@ pub struct RunFacts {
     pub features: TraceFeatures,
     /// What the sandbox had to stop, one clause each (`runner::Containment::describe`).
     pub contained: Vec<String>,
+    /// How long the agent ran, in milliseconds (the outcome's `duration_ms`).
+    pub duration_ms: u64,
 }
 
 /// The kinds of difference between a clean and an injected run: `errors` (new error
@@ -280,6 +282,7 @@ mod tests {
                 ..TraceFeatures::default()
             },
             contained: vec![],
+            duration_ms: 0,
         }
     }
 

@@ -34,6 +34,7 @@ fn options_on(max_episodes: Option<usize>, backend: runner::BackendChoice) -> Ge
             recipe: root().join("infra/base-image.toml"),
             ..runner::ExecutorOptions::default()
         },
+        shard: None,
     }
 }
 

@@ -89,6 +89,7 @@ fn options(backend: BackendChoice) -> GenerateOptions {
             jobs: 2,
             ..ExecutorOptions::default()
         },
+        shard: None,
     }
 }
 

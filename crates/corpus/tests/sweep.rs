@@ -34,6 +34,7 @@ fn sweeps_every_template_over_its_tasks_and_resumes() {
             recipe: root().join("infra/base-image.toml"),
             ..runner::ExecutorOptions::default()
         },
+        shard: None,
     };
     let plan = plan_sweep(&workspace, &catalog, &options, None).unwrap();
     let ids: Vec<&str> = plan.episodes.iter().map(|e| e.id.as_str()).collect();

@@ -291,6 +291,7 @@ impl Environment {
                 },
                 ..runner::ExecutorOptions::default()
             },
+            shard: None,
         };
         let runner = EpisodeRunner::new(&workspace, &catalog, &options, out).map_err(env_err)?;
         Ok(Environment {

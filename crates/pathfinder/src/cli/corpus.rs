@@ -25,6 +25,10 @@ pub struct CorpusArgs {
 enum Command {
     /// Generate (or resume) a corpus in OUT.
     Generate(GenerateArgs),
+    /// Join the parts of a sharded generation (`generate --shard I/N`, each in its own
+    /// directory) into one corpus in OUT: the same store, splits, exports and digest as the
+    /// unsharded run of the plan.
+    Merge(MergeArgs),
     /// Write the corpus's multi-agent injected traces as labelled chat logs (Who&When format),
     /// the decisive turn being where the injected run first departs from its clean run: a blame
     /// set for `pathfinder eval --chatlog`.
@@ -73,7 +77,9 @@ struct EpisodeArgs {
     /// python3).
     #[arg(long, default_value = "python3")]
     python: String,
-    /// Wall-clock limit of one agent run, in seconds.
+    /// Wall-clock limit of a clean run, in seconds. An injected run gets ten times as long as
+    /// its clean run took, at least 10 s and at most this (a deadlock costs seconds, not the
+    /// whole limit).
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     timeout: u64,
     /// Drive the agents with this OpenAI-compatible endpoint (http://HOST:PORT or unix:/path;
@@ -132,6 +138,7 @@ impl EpisodeArgs {
                 jobs: self.jobs.unwrap_or_else(runner::default_jobs).max(1),
                 exit_on_interrupt: true,
             },
+            shard: None,
         };
         Ok((workspace, catalog, options))
     }
@@ -190,11 +197,26 @@ struct GenerateArgs {
     /// Skip the keyword-baseline non-triviality check.
     #[arg(long)]
     no_keyword: bool,
+    /// Run only part I of N of the plan (e.g. 2/8: one array task of a cluster job), into its
+    /// own OUT; `corpus merge` joins the parts. Resumable like a whole run.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<corpus::Shard>,
+}
+
+#[derive(Debug, Args)]
+struct MergeArgs {
+    /// The shard directories, every part of one `--shard I/N` split, in any order.
+    #[arg(required = true, value_name = "SHARD_DIR")]
+    shards: Vec<PathBuf>,
+    /// The merged corpus's directory (new, or an interrupted merge of the same shards).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
 }
 
 pub fn run(args: CorpusArgs) -> Result<()> {
     match args.command {
         Command::Generate(g) => generate(g),
+        Command::Merge(m) => merge(m),
         Command::Chatlogs(c) => chatlogs(c),
         Command::Sweep(s) => sweep(s),
     }
@@ -312,6 +334,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     options.holdout_agent = args.holdout_agent.clone();
     options.keyword = !args.no_keyword;
     options.max_episodes = args.max_episodes;
+    options.shard = args.shard;
     let mut progress = Progress::new();
     let finish = corpus::generate(
         &workspace,
@@ -330,65 +353,100 @@ fn generate(args: GenerateArgs) -> Result<()> {
                 "stopped after --max-episodes: {completed} episodes complete, {remaining} remaining; run the same command again to resume"
             );
         }
-        Finish::Complete(report) => {
+        Finish::Shard {
+            shard,
+            episodes,
+            valid,
+            of,
+        } => {
             println!(
-                "{}: {}/{} episodes valid ({:.1}%); splits train {} / val {} / test {}",
-                args.out.display(),
-                report.valid,
-                report.episodes,
-                100.0 * report.pass_rate,
-                report.splits.get("train").unwrap_or(&0),
-                report.splits.get("val").unwrap_or(&0),
-                report.splits.get("test").unwrap_or(&0),
-            );
-            for (ty, t) in &report.per_type {
-                let failures: Vec<String> =
-                    t.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
-                println!(
-                    "  {ty:<4} {}/{} valid{}{}",
-                    t.valid,
-                    t.episodes,
-                    if t.token_only > 0 {
-                        format!(", {} token counts only", t.token_only)
-                    } else {
-                        String::new()
-                    },
-                    if failures.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (failed: {})", failures.join(", "))
-                    }
-                );
-            }
-            for cost in &report.sandbox {
-                println!(
-                    "sandbox: {} ran {} agent runs; overhead per run p50 {:.0} ms, p90 {:.0} ms (the agent itself p50 {:.0} ms)",
-                    cost.backend,
-                    cost.runs,
-                    cost.overhead_p50_ms,
-                    cost.overhead_p90_ms,
-                    cost.agent_p50_ms
-                );
-            }
-            if !report.uncovered.is_empty() {
-                println!(
-                    "  no template for {} (type, agent) pairs (see report.json)",
-                    report.uncovered.len()
-                );
-            }
-            let table = &report.confusability;
-            println!(
-                "types told apart: {}/{} same-agent, same-task type pairs ({:.1}%) leave traces that differ in more than token counts; {} type pairs never differ where they meet (report.json, `confusability`)",
-                table.differing,
-                table.pairs,
-                100.0 * table.share_differing(),
-                table.never_apart.len()
-            );
-            println!(
-                "keyword baseline named {}/{} valid episodes; digest {}",
-                report.keyword_named, report.keyword_ran, report.digest
+                "{}: shard {shard} complete, {valid}/{episodes} episodes valid ({episodes} of the plan's {of}); `pathfinder corpus merge` joins it with the other parts",
+                args.out.display()
             );
         }
+        Finish::Complete(report) => print_report(&args.out, &report),
     }
     Ok(())
+}
+
+fn merge(args: MergeArgs) -> Result<()> {
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} episodes merged")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let report = corpus::merge(&args.shards, &args.out, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| {
+        format!(
+            "merging {} shards into {}",
+            args.shards.len(),
+            args.out.display()
+        )
+    })?;
+    bar.finish_and_clear();
+    print_report(&args.out, &report);
+    Ok(())
+}
+
+/// What a complete generation or merge prints: pass rates per type, sandbox costs, how far
+/// types are told apart, the digest.
+fn print_report(out: &std::path::Path, report: &corpus::Report) {
+    println!(
+        "{}: {}/{} episodes valid ({:.1}%); splits train {} / val {} / test {}",
+        out.display(),
+        report.valid,
+        report.episodes,
+        100.0 * report.pass_rate,
+        report.splits.get("train").unwrap_or(&0),
+        report.splits.get("val").unwrap_or(&0),
+        report.splits.get("test").unwrap_or(&0),
+    );
+    for (ty, t) in &report.per_type {
+        let failures: Vec<String> = t.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "  {ty:<4} {}/{} valid{}{}",
+            t.valid,
+            t.episodes,
+            if t.token_only > 0 {
+                format!(", {} token counts only", t.token_only)
+            } else {
+                String::new()
+            },
+            if failures.is_empty() {
+                String::new()
+            } else {
+                format!(" (failed: {})", failures.join(", "))
+            }
+        );
+    }
+    for cost in &report.sandbox {
+        println!(
+            "sandbox: {} ran {} agent runs; overhead per run p50 {:.0} ms, p90 {:.0} ms (the agent itself p50 {:.0} ms)",
+            cost.backend,
+            cost.runs,
+            cost.overhead_p50_ms,
+            cost.overhead_p90_ms,
+            cost.agent_p50_ms
+        );
+    }
+    if !report.uncovered.is_empty() {
+        println!(
+            "  no template for {} (type, agent) pairs (see report.json)",
+            report.uncovered.len()
+        );
+    }
+    let table = &report.confusability;
+    println!(
+        "types told apart: {}/{} same-agent, same-task type pairs ({:.1}%) leave traces that differ in more than token counts; {} type pairs never differ where they meet (report.json, `confusability`)",
+        table.differing,
+        table.pairs,
+        100.0 * table.share_differing(),
+        table.never_apart.len()
+    );
+    println!(
+        "keyword baseline named {}/{} valid episodes; digest {}",
+        report.keyword_named, report.keyword_ran, report.digest
+    );
 }
