@@ -103,8 +103,7 @@ fn one_digest_for_any_job_count_load_or_sharding() {
     };
     assert!(report.episodes >= 4, "{report:?}");
     assert!(report.valid >= 1, "{report:?}");
-    // The deadlocks were killed at the limit learnt from their clean runs (the floor, 10 s),
-    // not at --timeout (60 s).
+    // The deadlocks were killed at the limit learnt from their clean runs, not at --timeout.
     // (A deadlocked run leaves no root span, so P22 fails the trace check: read the manifests.)
     let deadlocks: Vec<serde_json::Value> = std::fs::read_dir(whole.join("episodes"))
         .unwrap()
@@ -115,10 +114,15 @@ fn one_digest_for_any_job_count_load_or_sharding() {
     assert!(!deadlocks.is_empty(), "a deadlock in the plan");
     for r in &deadlocks {
         assert_eq!(r["injected"]["end"], "ran past its time limit", "{r}");
-        assert_eq!(
-            r["injected"]["contained"][0], "ran past its 10 s timeout and was killed",
-            "{r}"
-        );
+        // Ten times the clean run, 10 s at least: well short of the minute even on a slow,
+        // busy machine.
+        let clause = r["injected"]["contained"][0].as_str().unwrap_or_default();
+        let limit: f64 = clause
+            .strip_prefix("ran past its ")
+            .and_then(|c| c.strip_suffix(" s timeout and was killed"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no timeout clause: {r}"));
+        assert!((10.0..60.0).contains(&limit), "{r}");
     }
 
     // Shard 1/2 stopped after one episode (a kill between episodes), shard 2/2 whole.
