@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 use traces::{Span, SpanKind, StatusCode};
 
 use crate::departure::Departure;
-use crate::generate::{CorpusError, Record};
+use crate::error::CorpusError;
+use crate::record::Record;
 
 /// What an export wrote and left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use taxonomy::Catalog;
 
+use crate::error::{io, CorpusError};
 use crate::features::TraceFeatures;
-use crate::generate::{hex, io, to_json, write_atomic, CorpusError};
+use crate::files::{hex, to_json, write_atomic};
 use crate::keyword;
 use crate::planning::{GenerateOptions, Planned};
 use crate::validate::{self, RunFacts, Validation};

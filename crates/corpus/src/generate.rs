@@ -1,8 +1,7 @@
 //! Corpus generation: plan episodes (agent × type × task, [`crate::planning`]), run clean and
 //! injected agents in the runner's sandbox and validate each episode ([`crate::episode`]), and
-//! publish the labelled corpus ([`crate::publish`]). This file drives the three over a plan and
-//! holds what they share (the error type, atomic writes); it re-exports their types so that
-//! `corpus::generate::X` names them all.
+//! publish the labelled corpus ([`crate::publish`]). This file drives the three over a plan; it
+//! re-exports their types so that `corpus::generate::X` names them all.
 //!
 //! Layout of `OUT/`:
 //!
@@ -38,69 +37,24 @@
 //! names the part) and nothing is published; [`crate::merge`] joins the N parts into one OUT
 //! and publishes it as the whole run would.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use agents::Workspace;
-use runner::EpisodeError;
 use serde::Serialize;
 use serde_json::Value;
 use taxonomy::Catalog;
 
-pub(crate) use crate::episode::read_manifest;
 pub use crate::episode::{
     episode_dir_name, manifest_path, EpisodeRunner, Manifest, RunSummary, TOKEN_COUNT_COMPONENT,
 };
+use crate::error::io;
+pub use crate::error::CorpusError;
+use crate::files::{to_json, write_atomic};
 pub use crate::planning::{plan, GenerateOptions, Plan, Planned, Shard, Uncovered};
 pub(crate) use crate::publish::publish;
 pub use crate::publish::{
     assign_splits, clean_trace_path, HealthyRecord, Record, Report, SandboxCost, TypeReport,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum CorpusError {
-    #[error("{path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Workspace(#[from] agents::workspace::WorkspaceError),
-    #[error(transparent)]
-    Run(#[from] agents::run::RunError),
-    #[error(transparent)]
-    Executor(#[from] runner::ExecutorError),
-    #[error(transparent)]
-    Episode(#[from] EpisodeError),
-    #[error("--llm: {0}")]
-    Llm(String),
-    #[error(transparent)]
-    History(#[from] agents::history::HistoryError),
-    #[error("{0}")]
-    Template(#[from] inject::TemplateProblem),
-    #[error("trace store {path}")]
-    Store {
-        path: PathBuf,
-        #[source]
-        source: traces::Error,
-    },
-    #[error("{0}")]
-    Plan(String),
-    #[error("{path}: Parquet export, {what}")]
-    Parquet {
-        path: PathBuf,
-        what: String,
-        #[source]
-        source: parquet::errors::ParquetError,
-    },
-}
-
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CorpusError + '_ {
-    move |source| CorpusError::Io {
-        path: path.to_owned(),
-        source,
-    }
-}
 
 /// How a generation ended.
 #[derive(Debug, Clone, Serialize)]
@@ -119,20 +73,6 @@ pub enum Finish {
         /// Episodes in the whole plan.
         of: usize,
     },
-}
-
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CorpusError> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
-}
-
-pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string_pretty(value).expect("serialises")
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Runs (or resumes) a generation into `out`. `on_episode(done, total, manifest)` is called

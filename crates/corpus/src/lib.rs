@@ -9,13 +9,16 @@ pub mod chatlogs;
 pub mod confusability;
 pub mod departure;
 pub mod episode;
+pub mod error;
 pub mod features;
+mod files;
 pub mod generate;
 pub mod keyword;
 pub mod merge;
 pub mod parquet;
 pub mod planning;
 pub mod publish;
+pub mod record;
 pub mod sweep;
 pub mod validate;
 

@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::episode::{episode_dir_name, manifest_path, read_manifest, Manifest};
-use crate::generate::{io, to_json, write_atomic, CorpusError};
+use crate::error::{io, CorpusError};
+use crate::files::{to_json, write_atomic};
 use crate::planning::{Plan, Shard};
 use crate::publish::{publish, Report};
 

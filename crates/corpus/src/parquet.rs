@@ -13,7 +13,8 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 
-use crate::generate::{CorpusError, Record};
+use crate::error::CorpusError;
+use crate::record::Record;
 
 /// How a column reads its value from a record; `None` is a null.
 enum Get {
@@ -213,7 +214,7 @@ pub fn write(path: &Path, records: &[&Record]) -> Result<(), CorpusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{Manifest, RunSummary};
+    use crate::episode::{Manifest, RunSummary};
     use crate::validate::{Check, NonTriviality, Validation};
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::Field;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use taxonomy::Catalog;
 
-use crate::generate::CorpusError;
+use crate::error::CorpusError;
 
 /// What to generate.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

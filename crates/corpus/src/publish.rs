@@ -11,22 +11,11 @@ use sha2::{Digest, Sha256};
 
 use crate::confusability::Confusability;
 use crate::episode::{episode_dir_name, Manifest};
-use crate::generate::{hex, io, to_json, write_atomic, CorpusError};
+use crate::error::{io, CorpusError};
+use crate::files::{hex, to_json, write_atomic};
 use crate::planning::{stable_hash, Plan, Uncovered};
+pub use crate::record::Record;
 use crate::validate;
-
-/// A published corpus record (`corpus.jsonl`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Record {
-    pub split: String,
-    pub trace_id: String,
-    #[serde(flatten)]
-    pub manifest: Manifest,
-    /// Where the injected run first departs from the clean run (also the store label's `step`
-    /// and `agent`). Derived from the two traces at publishing, so outside the digest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub departure: Option<crate::departure::Departure>,
-}
 
 /// Pass rates and failures.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use taxonomy::Catalog;
 
-use crate::generate::{
-    io, read_manifest, write_atomic, CorpusError, EpisodeRunner, GenerateOptions, Manifest, Planned,
-};
+use crate::episode::{read_manifest, EpisodeRunner, Manifest};
+use crate::error::{io, CorpusError};
+use crate::files::write_atomic;
+use crate::planning::{GenerateOptions, Planned};
 use crate::validate;
 
 /// What one template did on the tasks it was swept over.
