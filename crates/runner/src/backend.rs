@@ -4,10 +4,10 @@ use std::path::Path;
 
 use crate::cancel::Cancel;
 use crate::docker::{self, DockerBackend};
-use crate::episode::{EpisodeSpec, Job, JobRun, SandboxPaths};
 use crate::image::{self, ImageError, ImageSource};
 use crate::local::LocalBackend;
 use crate::recipe::{ImageRecipe, RecipeError};
+use crate::spec::{EpisodeSpec, Job, JobRun, SandboxPaths};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {

@@ -10,7 +10,8 @@ use tokio::sync::Semaphore;
 
 use crate::backend::Backend;
 use crate::cancel::Cancel;
-use crate::episode::{run_episode, EpisodeError, EpisodeOutcome, EpisodeSpec};
+use crate::episode::run_episode;
+use crate::spec::{EpisodeError, EpisodeOutcome, EpisodeSpec};
 
 /// The batch's results, in the order of the specs.
 #[derive(Debug)]

@@ -22,8 +22,8 @@ use futures_util::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::cancel::Cancel;
-use crate::episode::{EpisodeSpec, Job, JobRun, SandboxPaths};
 use crate::image::AUDIT_DIR;
+use crate::spec::{EpisodeSpec, Job, JobRun, SandboxPaths};
 
 /// Every container the runner creates carries this label (value `1`), so that
 /// `docker ps -a --filter label=pathfinder` lists whatever a run left behind.

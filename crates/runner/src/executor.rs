@@ -14,8 +14,9 @@ use agents::Workspace;
 use crate::backend::{Backend, BackendChoice, BackendError, ImageInputs};
 use crate::cancel::Cancel;
 use crate::endpoint::{EndpointError, LlmChoice, LlmEndpoint};
-use crate::episode::{run_episode, EpisodeError, EpisodeOutcome, EpisodeSpec};
+use crate::episode::run_episode;
 use crate::local::Namespaces;
+use crate::spec::{EpisodeError, EpisodeOutcome, EpisodeSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {

@@ -32,14 +32,14 @@ pub mod local;
 pub mod plan;
 pub mod recipe;
 pub mod session;
+pub mod spec;
 
 pub use backend::{Backend, BackendChoice, BackendError, ImageInputs};
 pub use batch::{progress_bar, run_batch, run_batch_interruptible, BatchReport};
 pub use cancel::Cancel;
 pub use endpoint::{LlmChoice, LlmEndpoint};
-pub use episode::{
-    run_episode, Containment, EpisodeError, EpisodeOutcome, EpisodeSpec, Limits, Timing,
-};
+pub use episode::run_episode;
 pub use executor::{default_jobs, Executor, ExecutorError, ExecutorOptions};
 pub use recipe::ImageRecipe;
 pub use session::{run_blocking, RunRequest, SessionError, SessionReport, TaskSelection};
+pub use spec::{Containment, EpisodeError, EpisodeOutcome, EpisodeSpec, Limits, Timing};

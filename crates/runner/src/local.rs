@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use agents::process::ProcessEnd;
 
 use crate::cancel::Cancel;
-use crate::episode::{EpisodeSpec, Job, JobRun, SandboxPaths};
+use crate::spec::{EpisodeSpec, Job, JobRun, SandboxPaths};
 
 /// Which namespaces wrap the process.
 #[derive(Debug, Clone, PartialEq, Eq)]

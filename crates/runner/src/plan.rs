@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use agents::{Agent, Task, Workspace};
 
-use crate::episode::{EpisodeSpec, Limits};
+use crate::spec::{EpisodeSpec, Limits};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

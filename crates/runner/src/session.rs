@@ -12,8 +12,8 @@ use taxonomy::Catalog;
 use crate::backend::{Backend, BackendChoice, BackendError, ImageInputs};
 use crate::batch::{progress_bar, run_batch_interruptible};
 use crate::endpoint::{EndpointError, LlmChoice, LlmEndpoint};
-use crate::episode::{EpisodeError, EpisodeOutcome, Limits};
 use crate::plan::{self, PlanError};
+use crate::spec::{EpisodeError, EpisodeOutcome, Limits};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
