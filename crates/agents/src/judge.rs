@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::answers::{normalise_text, parse_number};
 use crate::process::{self, ProcessEnd};
 use crate::tasks::{AnswerType, GaiaTask, SweTask};
 
@@ -23,39 +24,6 @@ pub struct Judgement {
 
 /// Relative tolerance of numeric answers (absorbs float formatting such as 0.30000000000000004).
 const NUMBER_TOLERANCE: f64 = 1e-6;
-
-/// A number written as people write them: `1,234.5`, `$12`, `45%`, ` -3 `.
-pub fn parse_number(text: &str) -> Option<f64> {
-    let cleaned: String = normalise_text(text)
-        .chars()
-        .filter(|c| !matches!(c, ',' | '$' | '%' | '€' | '£' | ' ' | '_'))
-        .collect();
-    if cleaned.is_empty() {
-        return None;
-    }
-    cleaned.parse::<f64>().ok().filter(|v| v.is_finite())
-}
-
-/// Lowercased, whitespace collapsed, without surrounding quotes or a trailing full stop.
-pub fn normalise_text(text: &str) -> String {
-    let mut s = text.trim();
-    loop {
-        let before = s;
-        for (open, close) in [("\"", "\""), ("'", "'"), ("`", "`"), ("“", "”"), ("*", "*")] {
-            if s.len() >= open.len() + close.len() && s.starts_with(open) && s.ends_with(close) {
-                s = s[open.len()..s.len() - close.len()].trim();
-            }
-        }
-        s = s.strip_suffix('.').unwrap_or(s).trim();
-        if s == before {
-            break;
-        }
-    }
-    s.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .to_lowercase()
-}
 
 fn same_number(got: &str, expected: &str) -> bool {
     match (parse_number(got), parse_number(expected)) {

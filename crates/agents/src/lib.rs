@@ -6,6 +6,7 @@
 //! on one task locally against the scripted LLM server, judging the result. See
 //! `agents/CONTRACT.md` for the contract all of this implements.
 
+pub mod answers;
 pub mod history;
 pub mod judge;
 pub mod local;

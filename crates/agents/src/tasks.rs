@@ -133,7 +133,8 @@ pub fn load_gaia(path: &Path) -> Result<GaiaTask, TaskError> {
     if task.answer.trim().is_empty() {
         return Err(invalid("field `answer`: empty".into()));
     }
-    if task.answer_type == AnswerType::Number && crate::judge::parse_number(&task.answer).is_none()
+    if task.answer_type == AnswerType::Number
+        && crate::answers::parse_number(&task.answer).is_none()
     {
         return Err(invalid(format!(
             "field `answer`: {:?} is not a number although `answer_type` is \"number\"",
