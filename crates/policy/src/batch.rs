@@ -9,13 +9,12 @@
 //! answered leaves the batch; its row stays in the cache but is
 //! stopped at its first token from then on (a row cannot be dropped from a batch mid-run).
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 
 use model::{KvCache, SamplingParams};
 
-use crate::chat::Conversation;
-use crate::detector::{DetectorOptions, LearnedDetector, SharedModel};
 use crate::grammar::ActionGrammar;
+use crate::policy_model::SharedModel;
 use crate::{PolicyError as Error, Result};
 
 /// One row's request: its whole conversation so far, ending with an open reply.
@@ -224,69 +223,4 @@ impl TurnBatcher {
             })
             .collect())
     }
-}
-
-/// Investigates `trace_id` once per entry of `options` with the learned Detector: one after
-/// another, each through its own cache, or (`batched`) all at once, each on its own thread
-/// with the replies decoded together by a [`TurnBatcher`] (the first entry's adapter and
-/// temperature apply to the batch). Returns each investigation's transcript and
-/// conversation, in the order of `options`.
-pub fn investigate_many(
-    detector: &detect::Detector,
-    trace_id: &str,
-    shared: &SharedModel,
-    grammar: &Arc<ActionGrammar>,
-    options: &[DetectorOptions],
-    batched: bool,
-) -> Vec<std::result::Result<(detect::Transcript, Conversation), String>> {
-    let batcher = (batched && !options.is_empty()).then(|| {
-        Arc::new(TurnBatcher::new(
-            Arc::clone(shared),
-            Arc::clone(grammar),
-            options[0].adapter.clone(),
-            options[0].temperature,
-            options.len(),
-        ))
-    });
-    let investigate = |k: usize, options: &DetectorOptions| {
-        let sink = Arc::new(Mutex::new(Conversation::new()));
-        let mut policy =
-            LearnedDetector::new(Arc::clone(shared), Arc::clone(grammar), options.clone())
-                .with_sink(Arc::clone(&sink));
-        if let Some(b) = &batcher {
-            policy = policy.in_batch(Arc::clone(b), k);
-        }
-        let transcript = detector
-            .investigate(trace_id, Box::new(policy))
-            .map_err(|e| format!("investigating {trace_id}: {e}"))?;
-        let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok((transcript, conversation))
-    };
-    if batcher.is_none() {
-        return options
-            .iter()
-            .enumerate()
-            .map(|(k, o)| investigate(k, o))
-            .collect();
-    }
-    std::thread::scope(|scope| {
-        let running: Vec<_> = options
-            .iter()
-            .enumerate()
-            .map(|(k, o)| {
-                let investigate = &investigate;
-                scope.spawn(move || investigate(k, o))
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(format!(
-                        "investigating {trace_id}: an investigation's thread panicked"
-                    ))
-                })
-            })
-            .collect()
-    })
 }

@@ -26,8 +26,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::NONE;
 use crate::{PolicyError, Result};
+use taxonomy::NONE;
 
 /// File of a checkpoint's calibration, in its `step-N` directory.
 pub const CALIBRATION_FILE: &str = "calibration.json";

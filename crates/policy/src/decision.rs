@@ -21,11 +21,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::{deficiency_score, Calibration};
 use crate::chat::Conversation;
-use crate::detector::PolicyModel;
+use crate::policy_model::PolicyModel;
 use crate::{PolicyError, Result};
 
-/// The answer for a trace with no deficiency.
-pub const NONE: &str = "none";
+/// The answer for a trace with no deficiency (the taxonomy's own word for it).
+pub use taxonomy::NONE;
 
 /// The component named with `none` (a healthy trace has no faulty component).
 pub const NO_COMPONENT: &str = "none";

@@ -1,69 +1,17 @@
 //! The learned Detector: a `detect::Policy` whose turns a model with a LoRA adapter writes under
 //! the action grammar, recording the episode's tokens for training.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use detect::{Policy, View};
-use model::{ChatTokenizer, DType, Device, KvCache, Model, SamplingParams};
+use model::{KvCache, SamplingParams};
 
 use crate::batch::TurnBatcher;
-use crate::chat::{ChatFormat, Conversation};
+use crate::chat::Conversation;
 use crate::grammar::ActionGrammar;
+pub use crate::policy_model::{PolicyModel, SharedModel};
 use crate::prompt;
 use crate::Result;
-
-/// A model with its tokenizer and chat format; shared by the policies of one process.
-pub struct PolicyModel {
-    pub model: Model,
-    pub tokenizer: ChatTokenizer,
-    pub format: ChatFormat,
-    /// Where the base weights came from (recorded in adapter files).
-    pub base_name: String,
-}
-
-pub type SharedModel = Arc<Mutex<PolicyModel>>;
-
-impl PolicyModel {
-    /// Loads a GGUF file or a Hugging Face directory and checks its chat format.
-    pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<PolicyModel> {
-        let loaded = model::load(path, dtype, device)?;
-        PolicyModel::new(loaded.model, loaded.tokenizer, path.display().to_string())
-    }
-
-    pub fn new(model: Model, tokenizer: ChatTokenizer, base_name: String) -> Result<PolicyModel> {
-        let format = ChatFormat::of(&tokenizer)?;
-        Ok(PolicyModel {
-            model,
-            tokenizer,
-            format,
-            base_name,
-        })
-    }
-
-    /// Samples one reply to `conversation` (which must end with an open reply) with `adapter`
-    /// under `allowed`, continuing `cache`; returns the reply's tokens.
-    pub fn reply(
-        &mut self,
-        adapter: Option<&str>,
-        cache: &mut KvCache,
-        conversation: &Conversation,
-        params: &SamplingParams,
-        allowed: &dyn Fn(&[u32]) -> Option<Vec<u32>>,
-    ) -> Result<Vec<u32>> {
-        self.model.set_active_adapter(adapter)?;
-        self.model.set_training(false);
-        let mut constraint = |_row: usize, generated: &[u32]| allowed(generated);
-        let mut out = self.model.generate_with_cache(
-            cache,
-            &self.tokenizer,
-            std::slice::from_ref(&conversation.tokens),
-            params,
-            Some(&mut constraint),
-        )?;
-        Ok(out.remove(0).tokens)
-    }
-}
 
 /// How the learned Detector samples and what it reads.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,4 +199,69 @@ impl Policy for LearnedDetector {
         // The grammar never writes `delegate:`; a call here means the protocol changed.
         Err("the learned Detector does not delegate".into())
     }
+}
+
+/// Investigates `trace_id` once per entry of `options` with the learned Detector: one after
+/// another, each through its own cache, or (`batched`) all at once, each on its own thread
+/// with the replies decoded together by a [`TurnBatcher`] (the first entry's adapter and
+/// temperature apply to the batch). Returns each investigation's transcript and
+/// conversation, in the order of `options`.
+pub fn investigate_many(
+    detector: &detect::Detector,
+    trace_id: &str,
+    shared: &SharedModel,
+    grammar: &Arc<ActionGrammar>,
+    options: &[DetectorOptions],
+    batched: bool,
+) -> Vec<std::result::Result<(detect::Transcript, Conversation), String>> {
+    let batcher = (batched && !options.is_empty()).then(|| {
+        Arc::new(TurnBatcher::new(
+            Arc::clone(shared),
+            Arc::clone(grammar),
+            options[0].adapter.clone(),
+            options[0].temperature,
+            options.len(),
+        ))
+    });
+    let investigate = |k: usize, options: &DetectorOptions| {
+        let sink = Arc::new(Mutex::new(Conversation::new()));
+        let mut policy =
+            LearnedDetector::new(Arc::clone(shared), Arc::clone(grammar), options.clone())
+                .with_sink(Arc::clone(&sink));
+        if let Some(b) = &batcher {
+            policy = policy.in_batch(Arc::clone(b), k);
+        }
+        let transcript = detector
+            .investigate(trace_id, Box::new(policy))
+            .map_err(|e| format!("investigating {trace_id}: {e}"))?;
+        let conversation = sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok((transcript, conversation))
+    };
+    if batcher.is_none() {
+        return options
+            .iter()
+            .enumerate()
+            .map(|(k, o)| investigate(k, o))
+            .collect();
+    }
+    std::thread::scope(|scope| {
+        let running: Vec<_> = options
+            .iter()
+            .enumerate()
+            .map(|(k, o)| {
+                let investigate = &investigate;
+                scope.spawn(move || investigate(k, o))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(format!(
+                        "investigating {trace_id}: an investigation's thread panicked"
+                    ))
+                })
+            })
+            .collect()
+    })
 }

@@ -6,8 +6,8 @@ use model::{KvCache, SamplingParams};
 use serde::{Deserialize, Serialize};
 
 use crate::chat::Conversation;
-use crate::detector::PolicyModel;
 use crate::grammar::ChoiceGrammar;
+use crate::policy_model::PolicyModel;
 use crate::{prompt, PolicyError, Result};
 
 /// One injection the engine can apply to the agent.

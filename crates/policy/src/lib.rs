@@ -36,17 +36,19 @@ pub mod demonstration;
 pub mod detector;
 pub mod grammar;
 pub mod injector;
+pub mod policy_model;
 pub mod prompt;
 
-pub use batch::{investigate_many, TurnBatcher};
+pub use batch::TurnBatcher;
 pub use chat::{ChatFormat, Conversation};
 pub use demonstration::{demonstration, DemoAnswer};
-pub use detector::{DetectorOptions, LearnedDetector, PolicyModel, SharedModel};
+pub use detector::{investigate_many, DetectorOptions, LearnedDetector};
 pub use grammar::{ActionGrammar, ChoiceGrammar, TokenTrie};
 pub use injector::{
     choose_injection, injector_grammar, write_diff, write_diffs, DiffRequest, InjectionOption,
     InjectorChoice,
 };
+pub use policy_model::{PolicyModel, SharedModel};
 
 /// What can go wrong in a policy.
 #[derive(Debug, thiserror::Error)]
