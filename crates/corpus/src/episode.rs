@@ -201,10 +201,10 @@ fn read_facts(dir: &Path) -> Result<RunFacts, CorpusError> {
 /// run killed at its limit is recorded as timed out either way (the digest leaves the limit's
 /// value out, `publish::canonical`).
 fn injected_timeout(clean: &RunFacts, ceiling: Duration) -> Duration {
-    let learnt = Duration::from_millis(clean.duration_ms.saturating_mul(LIMIT_FACTOR));
     if clean.timed_out {
         return ceiling;
     }
+    let learnt = Duration::from_millis(clean.duration_ms.saturating_mul(LIMIT_FACTOR));
     learnt.max(LIMIT_FLOOR).min(ceiling)
 }
 

@@ -41,7 +41,6 @@ use std::path::Path;
 
 use agents::Workspace;
 use serde::Serialize;
-use serde_json::Value;
 use taxonomy::Catalog;
 
 pub use crate::episode::{
@@ -49,7 +48,6 @@ pub use crate::episode::{
 };
 use crate::error::io;
 pub use crate::error::CorpusError;
-use crate::files::{to_json, write_atomic};
 pub use crate::planning::{plan, GenerateOptions, Plan, Planned, Shard, Uncovered};
 pub(crate) use crate::publish::publish;
 pub use crate::publish::{
@@ -87,21 +85,12 @@ pub fn generate(
     let out = &std::path::absolute(out).map_err(io(out))?;
     std::fs::create_dir_all(out).map_err(io(out))?;
     let planned = plan(workspace, catalog, options)?;
-    let plan_path = out.join("plan.json");
-    if plan_path.exists() {
-        let text = std::fs::read_to_string(&plan_path).map_err(io(&plan_path))?;
-        let previous: Value = serde_json::from_str(&text)
-            .map_err(|e| CorpusError::Plan(format!("{}: {e}", plan_path.display())))?;
-        // Compared as written: run-time knobs (timeout, interpreter, --max-episodes) may change.
-        if previous != serde_json::to_value(&planned).expect("serialises") {
-            return Err(CorpusError::Plan(format!(
-                "{} holds a generation with other options or templates; use another --out to start a new corpus",
-                out.display()
-            )));
-        }
-    } else {
-        write_atomic(&plan_path, to_json(&planned).as_bytes())?;
-    }
+    planned.claim(out, || {
+        format!(
+            "{} holds a generation with other options or templates; use another --out to start a new corpus",
+            out.display()
+        )
+    })?;
     if let Some(h) = &options.holdout_agent {
         if !options.agents.contains(h) {
             return Err(CorpusError::Plan(format!(
@@ -113,16 +102,20 @@ pub fn generate(
 
     // A shard runs its part of the plan and publishes nothing: `corpus merge` publishes the
     // whole from every part.
-    let part: Vec<Planned> = match options.shard {
-        Some(shard) => shard
-            .select(&planned.episodes)
-            .into_iter()
-            .map(|i| planned.episodes[i].clone())
-            .collect(),
-        None => planned.episodes.clone(),
+    let part: Vec<Planned>;
+    let episodes = match options.shard {
+        Some(shard) => {
+            part = shard
+                .select(&planned.episodes)
+                .into_iter()
+                .map(|i| planned.episodes[i].clone())
+                .collect();
+            &part
+        }
+        None => &planned.episodes,
     };
     let runner = EpisodeRunner::new(workspace, catalog, options, out)?;
-    let slots = runner.resume(&part, options.max_episodes, on_episode)?;
+    let slots = runner.resume(episodes, options.max_episodes, on_episode)?;
     let remaining = slots.iter().filter(|m| m.is_none()).count();
     if remaining > 0 {
         return Ok(Finish::Interrupted {

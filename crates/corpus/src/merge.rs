@@ -14,11 +14,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::episode::{episode_dir_name, manifest_path, read_manifest, Manifest};
 use crate::error::{io, CorpusError};
-use crate::files::{to_json, write_atomic};
 use crate::planning::{Plan, Shard};
 use crate::publish::{publish, Report};
 
@@ -45,21 +42,12 @@ pub fn merge(
     let (whole, parts) = check_shards(shards)?;
     let out = &std::path::absolute(out).map_err(io(out))?;
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let plan_path = out.join("plan.json");
-    let whole_json = serde_json::to_value(&whole).expect("serialises");
-    if plan_path.exists() {
-        let previous: Value =
-            serde_json::from_str(&std::fs::read_to_string(&plan_path).map_err(io(&plan_path))?)
-                .map_err(|e| CorpusError::Plan(format!("{}: {e}", plan_path.display())))?;
-        if previous != whole_json {
-            return Err(CorpusError::Plan(format!(
-                "{} holds another corpus than these shards' plan; merge into a new --out",
-                out.display()
-            )));
-        }
-    } else {
-        write_atomic(&plan_path, to_json(&whole).as_bytes())?;
-    }
+    whole.claim(out, || {
+        format!(
+            "{} holds another corpus than these shards' plan; merge into a new --out",
+            out.display()
+        )
+    })?;
 
     let total = whole.episodes.len();
     let mut done = 0;
@@ -220,70 +208,4 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), CorpusError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::planning::{Planned, Shard};
-
-    fn plan(pairs: &[(&str, &str, usize)]) -> Vec<Planned> {
-        let mut eps = Vec::new();
-        for (agent, task, n) in pairs {
-            for k in 0..*n {
-                eps.push(Planned {
-                    id: format!("{agent}.P{k}.v.{task}"),
-                    agent: agent.to_string(),
-                    deficiency: format!("P{k}"),
-                    variant: "v".into(),
-                    task: task.to_string(),
-                });
-            }
-        }
-        eps
-    }
-
-    #[test]
-    fn parts_cover_the_plan_once_keep_clean_runs_together_and_balance() {
-        let eps = plan(&[
-            ("a", "t1", 5),
-            ("a", "t2", 3),
-            ("b", "t1", 4),
-            ("b", "t3", 1),
-            ("c", "t1", 2),
-        ]);
-        for count in 1..=6 {
-            let parts: Vec<Vec<usize>> = (1..=count)
-                .map(|index| Shard { index, count }.select(&eps))
-                .collect();
-            let mut all: Vec<usize> = parts.iter().flatten().copied().collect();
-            all.sort_unstable();
-            assert_eq!(all, (0..eps.len()).collect::<Vec<_>>(), "count {count}");
-            for (p, part) in parts.iter().enumerate() {
-                for &i in part {
-                    let owner = parts
-                        .iter()
-                        .position(|q| {
-                            q.iter().any(|&j| {
-                                eps[j].agent == eps[i].agent && eps[j].task == eps[i].task
-                            })
-                        })
-                        .unwrap();
-                    assert_eq!(owner, p, "one (agent, task) in one part");
-                }
-            }
-        }
-        // 15 episodes in groups of 5, 4, 3, 2, 1 over two parts: 5+2+1 and 4+3, or similar.
-        let sizes: Vec<usize> = (1..=2)
-            .map(|index| Shard { index, count: 2 }.select(&eps).len())
-            .collect();
-        assert!(sizes[0].abs_diff(sizes[1]) <= 1, "{sizes:?}");
-    }
-
-    #[test]
-    fn shard_parses_i_of_n_and_refuses_the_rest() {
-        assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
-        for bad in ["0/2", "3/2", "1/0", "2", "a/b", ""] {
-            assert!(bad.parse::<Shard>().is_err(), "{bad}");
-        }
-    }
 }

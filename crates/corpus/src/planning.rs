@@ -2,7 +2,7 @@
 //! from the templates with seeded, order-independent choices (`OUT/plan.json`).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agents::Workspace;
@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use taxonomy::Catalog;
 
-use crate::error::CorpusError;
+use crate::error::{io, CorpusError};
+use crate::files::{to_json, write_atomic};
 
 /// What to generate.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -149,6 +150,30 @@ pub struct Plan {
     pub uncovered: Vec<Uncovered>,
 }
 
+impl Plan {
+    /// Writes this plan as `out/plan.json`, or, when `out` holds one already (a run or a merge
+    /// being resumed), checks that it is this plan, compared as written; `refusal` is the error
+    /// when it is not. Run-time knobs (timeout, interpreter, `--max-episodes`) are not written,
+    /// so they may change between attempts.
+    pub(crate) fn claim(
+        &self,
+        out: &Path,
+        refusal: impl FnOnce() -> String,
+    ) -> Result<(), CorpusError> {
+        let path = out.join("plan.json");
+        if !path.exists() {
+            return write_atomic(&path, to_json(self).as_bytes());
+        }
+        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let previous: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| CorpusError::Plan(format!("{}: {e}", path.display())))?;
+        if previous != serde_json::to_value(self).expect("serialises") {
+            return Err(CorpusError::Plan(refusal()));
+        }
+        Ok(())
+    }
+}
+
 /// A stable 64-bit hash of `parts` (sha256), for seeded, order-independent choices.
 pub(crate) fn stable_hash(parts: &[&str]) -> u64 {
     let mut h = Sha256::new();
@@ -237,4 +262,70 @@ pub fn plan(
         episodes,
         uncovered,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Planned, Shard};
+
+    fn plan(pairs: &[(&str, &str, usize)]) -> Vec<Planned> {
+        let mut eps = Vec::new();
+        for (agent, task, n) in pairs {
+            for k in 0..*n {
+                eps.push(Planned {
+                    id: format!("{agent}.P{k}.v.{task}"),
+                    agent: agent.to_string(),
+                    deficiency: format!("P{k}"),
+                    variant: "v".into(),
+                    task: task.to_string(),
+                });
+            }
+        }
+        eps
+    }
+
+    #[test]
+    fn parts_cover_the_plan_once_keep_clean_runs_together_and_balance() {
+        let eps = plan(&[
+            ("a", "t1", 5),
+            ("a", "t2", 3),
+            ("b", "t1", 4),
+            ("b", "t3", 1),
+            ("c", "t1", 2),
+        ]);
+        for count in 1..=6 {
+            let parts: Vec<Vec<usize>> = (1..=count)
+                .map(|index| Shard { index, count }.select(&eps))
+                .collect();
+            let mut all: Vec<usize> = parts.iter().flatten().copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..eps.len()).collect::<Vec<_>>(), "count {count}");
+            for (p, part) in parts.iter().enumerate() {
+                for &i in part {
+                    let owner = parts
+                        .iter()
+                        .position(|q| {
+                            q.iter().any(|&j| {
+                                eps[j].agent == eps[i].agent && eps[j].task == eps[i].task
+                            })
+                        })
+                        .unwrap();
+                    assert_eq!(owner, p, "one (agent, task) in one part");
+                }
+            }
+        }
+        // 15 episodes in groups of 5, 4, 3, 2, 1 over two parts: 5+2+1 and 4+3, or similar.
+        let sizes: Vec<usize> = (1..=2)
+            .map(|index| Shard { index, count: 2 }.select(&eps).len())
+            .collect();
+        assert!(sizes[0].abs_diff(sizes[1]) <= 1, "{sizes:?}");
+    }
+
+    #[test]
+    fn shard_parses_i_of_n_and_refuses_the_rest() {
+        assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
+        for bad in ["0/2", "3/2", "1/0", "2", "a/b", ""] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
 }

@@ -169,7 +169,10 @@ fn canonical(m: &Manifest, split: &str) -> String {
             if let Some(r) = o.get_mut(run).and_then(Value::as_object_mut) {
                 r.remove("features");
                 if let Some(Value::Array(clauses)) = r.get_mut("contained") {
-                    clauses.retain(|c| !c.as_str().is_some_and(is_timeout_clause));
+                    clauses.retain(|c| {
+                        !c.as_str()
+                            .is_some_and(runner::Containment::is_timeout_clause)
+                    });
                 }
             }
         }
@@ -186,11 +189,6 @@ fn canonical(m: &Manifest, split: &str) -> String {
         }
     }
     serde_json::to_string(&v).expect("serialises")
-}
-
-/// The runner's clause for a run killed at its time limit (`runner::Containment::describe`).
-fn is_timeout_clause(clause: &str) -> bool {
-    clause.starts_with("ran past its ") && clause.ends_with(" timeout and was killed")
 }
 
 /// The runs' measured features, which the digest leaves out ([`canonical`]): hashed per

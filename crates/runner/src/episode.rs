@@ -226,6 +226,11 @@ mod tests {
                 "tried to write outside its episode (write to /etc/passwd)",
             ]
         );
+        let clauses = c.describe(&limits);
+        assert!(Containment::is_timeout_clause(&clauses[0]));
+        assert!(!clauses[1..]
+            .iter()
+            .any(|c| Containment::is_timeout_clause(c)));
     }
 
     #[test]

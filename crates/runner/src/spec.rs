@@ -186,6 +186,12 @@ impl Containment {
             || !self.filesystem_attempts.is_empty()
     }
 
+    /// Whether `clause` is [`Containment::describe`]'s timeout clause, which names the limit in
+    /// seconds: a reader that must not depend on the limit (the corpus digest) leaves it out.
+    pub fn is_timeout_clause(clause: &str) -> bool {
+        clause.starts_with("ran past its ") && clause.ends_with(" s timeout and was killed")
+    }
+
     /// One clause per contained behaviour.
     pub fn describe(&self, limits: &Limits) -> Vec<String> {
         let mut out = Vec::new();
