@@ -332,6 +332,27 @@ impl DockerBackend {
         result
     }
 
+    /// Sends `signal` to the container and waits at most `wait` for it to end (errors are
+    /// ignored: it may have ended already, and removal forces the end anyway).
+    async fn signal_and_wait(&self, id: &str, signal: &str, wait: Duration) {
+        let _ = self
+            .docker
+            .kill_container(
+                id,
+                Some(KillContainerOptions {
+                    signal: signal.into(),
+                }),
+            )
+            .await;
+        let _ = tokio::time::timeout(
+            wait,
+            self.docker
+                .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>)
+                .next(),
+        )
+        .await;
+    }
+
     async fn drive(&self, id: &str, job: &Job, cancel: &Cancel) -> Result<JobRun, String> {
         self.docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
@@ -363,24 +384,16 @@ impl DockerBackend {
         if let Some(n) = pids_events.as_deref().and_then(read_pids_max_events) {
             pids_hits = Some(pids_hits.unwrap_or(0).max(n));
         }
-        if timed_out || cancelled {
-            let _ = self
-                .docker
-                .kill_container(
-                    id,
-                    Some(KillContainerOptions {
-                        signal: "KILL".into(),
-                    }),
-                )
+        if timed_out {
+            // SIGTERM first (docker-init and `timeout` pass it on), then STOP_GRACE to write
+            // the trace before the kill below.
+            self.signal_and_wait(id, "TERM", crate::spec::STOP_GRACE)
                 .await;
+        }
+        if timed_out || cancelled {
             // Wait until the engine has recorded the end (bounded: removal forces it anyway).
-            let _ = tokio::time::timeout(
-                Duration::from_secs(10),
-                self.docker
-                    .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>)
-                    .next(),
-            )
-            .await;
+            self.signal_and_wait(id, "KILL", Duration::from_secs(10))
+                .await;
         }
         if cancelled {
             return Ok(JobRun {

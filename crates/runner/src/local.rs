@@ -282,6 +282,21 @@ impl LocalBackend {
             _ = cancel.cancelled() => { cancelled = true; None }
         };
         let duration = started.elapsed();
+        if timed_out {
+            // SIGTERM first, then STOP_GRACE to write the trace. With a cgroup, to every
+            // process in it but the outermost (bubblewrap: its end would take its pid
+            // namespace down with SIGKILL before the agent had written anything); without
+            // one, to the process group.
+            match (&cgroup, pgid) {
+                (Some(c), _) => c.signal_all_but(libc::SIGTERM, pgid),
+                // SAFETY: signalling the process group we created for the child.
+                (None, Some(pgid)) => unsafe {
+                    libc::kill(-pgid, libc::SIGTERM);
+                },
+                (None, None) => {}
+            }
+            let _ = tokio::time::timeout(crate::spec::STOP_GRACE, child.wait()).await;
+        }
         // Leave nothing behind: the process group, then whatever is still in the cgroup.
         if let Some(pgid) = pgid {
             // SAFETY: signalling the process group we created for the child.
@@ -399,6 +414,18 @@ impl Cgroup {
 
     fn max_events(&self) -> Option<u64> {
         crate::docker::read_pids_max_events(&self.dir.join("pids.events"))
+    }
+
+    /// Sends `signal` to every process in the cgroup but `spare`.
+    fn signal_all_but(&self, signal: libc::c_int, spare: Option<i32>) {
+        let pids = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        let pids = pids.lines().filter_map(|l| l.trim().parse::<i32>().ok());
+        for pid in pids.filter(|p| Some(*p) != spare) {
+            // SAFETY: signalling processes of the cgroup we created.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
     }
 
     /// Kills what is left in the cgroup and removes it.

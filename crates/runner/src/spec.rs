@@ -10,6 +10,11 @@ use agents::run::{self, AgentCommand, CommandInputs, RunLayout, RunOutcome, RunS
 use agents::Task;
 use serde::{Deserialize, Serialize};
 
+/// What a job past its time limit gets between SIGTERM and SIGKILL: time to end its open
+/// spans and write its trace, as an OpenTelemetry SDK flushes at shutdown. A hang (a deadlock,
+/// a lost subscription) is then seen in the trace it leaves, not as a missing file.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+
 /// Resource limits of one episode's sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
