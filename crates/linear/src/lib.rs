@@ -212,6 +212,21 @@ pub struct Softmax {
     pub prior: Vec<f32>,
 }
 
+/// The factor that standardises a feature of variance `var` and mean `mean` over the fitted
+/// rows. A feature constant there (e.g. a hashed term bucket no train trace fills; constant up
+/// to the rounding of an f32 mean) is left at its own scale rather than divided by zero:
+/// dividing by ~1e-6 turned a word first seen in a live trace into a feature of a million, and
+/// one PPO step on it into a weight that swamped every later trace holding that word
+/// (`pathfinder train`'s decision head lost 9 points in 32 steps).
+fn inverse_spread(var: f32, mean: f32) -> f32 {
+    let sd = var.sqrt();
+    if sd > 1e-5 * (1.0 + mean.abs()) {
+        1.0 / sd
+    } else {
+        1.0
+    }
+}
+
 fn check(x: &[Vec<f32>], y: &[usize], classes: usize) -> Result<usize> {
     let dim = x.first().ok_or(LinearError::Empty)?.len();
     for (index, v) in x.iter().enumerate() {
@@ -300,7 +315,11 @@ impl Softmax {
                     *s += (a - m) * (a - m) / n as f32;
                 }
             }
-            let mut inv: Vec<f32> = var.iter().map(|s| 1.0 / (s.sqrt() + 1e-6)).collect();
+            let mut inv: Vec<f32> = var
+                .iter()
+                .zip(&mean)
+                .map(|(s, m)| inverse_spread(*s, *m))
+                .collect();
             if let Some((tail, scale)) = options.raw_tail {
                 let from = dim.saturating_sub(tail);
                 mean[from..].iter_mut().for_each(|m| *m = 0.0);
@@ -493,6 +512,23 @@ mod tests {
             (p[0] - 3.0).abs() < 1e-2 && (p[1] + 1.0).abs() < 1e-2,
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn a_feature_constant_in_the_fit_keeps_its_scale() {
+        // The third feature is 1.0 in every fitted row: a later row's 3.0 is 2.0 above the
+        // mean, not two million standard deviations.
+        let (x, y) = blobs();
+        let m = Softmax::fit(&x, &y, 3, &FitOptions::default(), None, |_| {}).unwrap();
+        let z = m.standardised(&[0.0, 0.0, 3.0]);
+        assert!((z[2] - 2.0).abs() < 1e-4, "{z:?}");
+        let mut wide = x.clone();
+        wide.iter_mut().for_each(|r| r[2] = 250.0);
+        let m = Softmax::fit(&wide, &y, 3, &FitOptions::default(), None, |_| {}).unwrap();
+        let z = m.standardised(&[0.0, 0.0, 251.0]);
+        assert!((z[2] - 1.0).abs() < 1e-2, "{z:?}");
+        // A feature that varies is standardised as before.
+        assert!((m.inv_std[0] - 1.0).abs() > 0.1, "{:?}", m.inv_std);
     }
 
     #[test]

@@ -70,6 +70,19 @@ pub struct EvalArgs {
     /// calibration runs.
     #[arg(long, requires = "leave_out", value_name = "N,N")]
     pub calibrate_with: Option<String>,
+    /// With --leave-out: fit on this share of the train split's traces only (0 < F ≤ 1), the
+    /// same traces scored whatever F is: a learning curve's point. The share is drawn by a hash
+    /// of each trace id and --train-sample, so a smaller share is inside a larger one.
+    #[arg(long, requires = "leave_out", value_name = "F")]
+    pub train_fraction: Option<f64>,
+    /// Which draw --train-fraction takes (another seed, another subset of the same size).
+    #[arg(
+        long,
+        requires = "train_fraction",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub train_sample: u64,
     /// A directory of labelled multi-agent chat logs (Who&When format), searched recursively.
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,

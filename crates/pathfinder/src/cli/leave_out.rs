@@ -95,6 +95,10 @@ pub struct Unfamiliar {
 pub struct Report {
     pub store: String,
     pub train_split: String,
+    /// The share of the train split the fits read (`--train-fraction`, draw `train_sample`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_fraction: Option<f64>,
+    pub train_sample: u64,
     pub rows: Vec<Row>,
     pub means: Vec<Mean>,
 }
@@ -173,11 +177,17 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                 .cloned(),
         )
         .collect();
-    let train_all: Vec<Labelled> = all
+    let mut train_all: Vec<Labelled> = all
         .iter()
         .filter(|t| t.agent.is_some() && train_ids.contains(&t.trace_id))
         .cloned()
         .collect();
+    // A learning curve's point: fewer train traces, the same scored ones (`scored` is fixed
+    // above from the whole split, so a trace left out of the fit is not scored instead).
+    if let Some(fraction) = args.train_fraction {
+        train_all = train_share(train_all, fraction, args.train_sample)
+            .with_context(|| format!("--train-fraction {fraction}"))?;
+    }
     if train_all.is_empty() {
         bail!(
             "{}: none of its traces is in the train split {}",
@@ -322,6 +332,8 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
     let report = Report {
         store: db.display().to_string(),
         train_split: train_path.display().to_string(),
+        train_fraction: args.train_fraction,
+        train_sample: args.train_sample,
         rows,
         means,
     };
@@ -707,8 +719,12 @@ fn pct(e: &Option<Estimate>) -> String {
 }
 
 fn markdown(r: &Report) -> String {
+    let share = match r.train_fraction {
+        Some(f) => format!(" ({:.1}% of it, draw {})", 100.0 * f, r.train_sample),
+        None => String::new(),
+    };
     let mut s = format!(
-        "# Leave one framework out\n\nStore `{}`; detectors that learn were fitted on `{}` without the framework left out.\n\n",
+        "# Leave one framework out\n\nStore `{}`; detectors that learn were fitted on `{}`{share} without the framework left out.\n\n",
         r.store, r.train_split
     );
     s.push_str("| left out | detector | deficient / healthy | type | category | component | code | false positives | in distribution (type) | train | unfamiliar (healthy / deficient / in distribution) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -764,9 +780,86 @@ fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
+/// The `fraction` of `train` (rounded up) whose ids rank first by a hash of (`sample`, id):
+/// the same traces on every machine, and each share inside every larger one of its sample.
+/// The traces keep their order in the split (a fit's folds follow it), so the whole split is
+/// the same fit as no share at all.
+fn train_share(train: Vec<Labelled>, fraction: f64, sample: u64) -> Result<Vec<Labelled>> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        bail!("a share of the train split is above 0 and at most 1");
+    }
+    let keep = ((train.len() as f64 * fraction).ceil() as usize).min(train.len());
+    let mut ranked: Vec<(u64, &str)> = train
+        .iter()
+        .map(|t| {
+            (
+                fnv(&format!("{sample}:{}", t.trace_id)),
+                t.trace_id.as_str(),
+            )
+        })
+        .collect();
+    ranked.sort_unstable();
+    let kept: HashSet<String> = ranked[..keep]
+        .iter()
+        .map(|(_, id)| id.to_string())
+        .collect();
+    Ok(train
+        .into_iter()
+        .filter(|t| kept.contains(&t.trace_id))
+        .collect())
+}
+
 /// FNV-1a of a trace id: an order for drawing calibration runs that no import order decides.
 fn fnv(id: &str) -> u64 {
     id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traces(n: usize) -> Vec<Labelled> {
+        (0..n)
+            .map(|i| Labelled {
+                trace_id: format!("trace-{i:03}"),
+                truth: metrics::Truth {
+                    deficiency_id: "P1".into(),
+                    component: None,
+                    file: None,
+                    function: None,
+                    step: None,
+                    agent: None,
+                },
+                agent: Some("toolcaller".into()),
+            })
+            .collect()
+    }
+
+    fn ids(t: &[Labelled]) -> Vec<String> {
+        t.iter().map(|t| t.trace_id.clone()).collect()
+    }
+
+    #[test]
+    fn a_train_share_is_inside_every_larger_one_and_keeps_the_split_order() {
+        let all = traces(40);
+        let quarter = ids(&train_share(all.clone(), 0.25, 0).unwrap());
+        let half = ids(&train_share(all.clone(), 0.5, 0).unwrap());
+        assert_eq!((quarter.len(), half.len()), (10, 20));
+        assert!(
+            quarter.iter().all(|id| half.contains(id)),
+            "{quarter:?} {half:?}"
+        );
+        let mut sorted = half.clone();
+        sorted.sort();
+        assert_eq!(half, sorted, "the split's order, not the draw's");
+        assert_eq!(ids(&train_share(all.clone(), 1.0, 7).unwrap()), ids(&all));
+        // Another draw, another subset; the same draw, the same subset.
+        assert_ne!(quarter, ids(&train_share(all.clone(), 0.25, 1).unwrap()));
+        assert_eq!(quarter, ids(&train_share(all.clone(), 0.25, 0).unwrap()));
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            assert!(train_share(all.clone(), bad, 0).is_err(), "{bad}");
+        }
+    }
 }
