@@ -52,6 +52,12 @@ class Tool:
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
     cacheable: bool = True
+    # Each tool stands for a service (a search API, a document store, a table service, a
+    # calculator endpoint) whose answer takes a round trip. A fixed one, longer than the
+    # scheduler's delays on a busy machine, also means parallel calls finish in the same order
+    # relative to the executor's checks on any machine and load, so a run's outcome is the
+    # same everywhere (a corpus's digest covers which calls timed out).
+    round_trip_s: float = 0.1
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         raise NotImplementedError
@@ -179,6 +185,7 @@ class ToolExecutor:
                 except ValueError as exc:
                     raise ToolError(f"{call.name}: {exc}") from exc
                 args = validate_arguments(tool, args)
+                time.sleep(tool.round_trip_s)
                 key = f"{tool.name}:{json.dumps(args, sort_keys=True, ensure_ascii=False)}"
                 cached = self.ctx.recall(key) if tool.cacheable else None
                 if cached is not None:
