@@ -17,6 +17,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::detect::AblationArgs;
 use super::eval_models::{self, Named};
 
+/// `--leave-out`: train on every framework but one, score the one left out.
+mod leave_out;
+
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["db", "chatlog"]))]
 pub struct EvalArgs {
@@ -155,7 +158,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         charts,
     } = match (&args.db, &args.chatlog) {
         (Some(db), None) if args.leave_out.is_some() => {
-            let (markdown, json) = super::leave_out::run(db, &args, bootstrap)?;
+            let (markdown, json) = leave_out::run(db, &args, bootstrap)?;
             Rendered {
                 markdown,
                 json,

@@ -7,7 +7,6 @@ pub mod detect;
 pub mod eval;
 pub mod eval_models;
 pub mod inject;
-pub mod leave_out;
 pub mod model;
 pub mod report;
 pub mod run;

@@ -23,7 +23,7 @@ use policy::decision::DecisionHead;
 use policy::{PolicyModel, SharedModel};
 use serde::Serialize;
 
-use super::eval::EvalArgs;
+use super::EvalArgs;
 
 /// A detector of the comparison.
 #[derive(Debug, Clone, PartialEq)]
