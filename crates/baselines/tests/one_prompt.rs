@@ -44,8 +44,16 @@ fn check_verdicts(cases: &[Case], traces: &[eval::store_eval::Labelled]) {
             .predicted
             .as_ref()
             .unwrap_or_else(|| panic!("no verdict: {c:?}"));
-        assert!(catalog.get(&p.deficiency_id).is_some(), "{c:?}");
-        assert!(catalog.component(&p.component).is_some(), "{c:?}");
+        assert!(
+            p.deficiency_id()
+                .is_some_and(|id| catalog.get(id).is_some()),
+            "{c:?}"
+        );
+        assert!(
+            p.component()
+                .is_some_and(|c| catalog.component(c).is_some()),
+            "{c:?}"
+        );
         assert_eq!(c.tool_calls, 0, "{c:?}");
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use traces::{Span, SpanKind, StatusCode};
 
-use crate::departure::Departure;
+use crate::clean_twin::Departure;
 use crate::error::CorpusError;
 use crate::record::Record;
 

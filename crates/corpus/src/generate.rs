@@ -1,5 +1,5 @@
 //! Corpus generation: plan episodes (agent × type × task, [`crate::planning`]), run clean and
-//! injected agents in the runner's sandbox and validate each episode ([`crate::episode`]), and
+//! injected agents in the runner's sandbox and validate each episode ([`crate::injection`]), and
 //! publish the labelled corpus ([`crate::publish`]). This file drives the three over a plan; it
 //! re-exports their types so that `corpus::generate::X` names them all.
 //!
@@ -43,11 +43,11 @@ use agents::Workspace;
 use serde::Serialize;
 use taxonomy::Catalog;
 
-pub use crate::episode::{
-    episode_dir_name, manifest_path, EpisodeRunner, Manifest, RunSummary, TOKEN_COUNT_COMPONENT,
-};
 use crate::error::io;
 pub use crate::error::CorpusError;
+pub use crate::injection::{
+    episode_dir_name, manifest_path, EpisodeRunner, Manifest, RunSummary, TOKEN_COUNT_COMPONENT,
+};
 pub use crate::planning::{plan, GenerateOptions, Plan, Planned, Shard, Uncovered};
 pub(crate) use crate::publish::publish;
 pub use crate::publish::{

@@ -6,15 +6,15 @@
 //! type, and publishes validated episodes as a store, manifests, splits, JSON Lines and Parquet.
 
 pub mod chatlogs;
+pub mod clean_twin;
 pub mod confusability;
-pub mod departure;
-pub mod episode;
 pub mod error;
 pub mod features;
 mod files;
 pub mod generate;
-pub mod keyword;
+pub mod injection;
 pub mod merge;
+pub mod non_trivial;
 pub mod parquet;
 pub mod planning;
 pub mod publish;

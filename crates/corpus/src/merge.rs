@@ -14,8 +14,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::episode::{episode_dir_name, manifest_path, read_manifest, Manifest};
 use crate::error::{io, CorpusError};
+use crate::injection::{episode_dir_name, manifest_path, read_manifest, Manifest};
 use crate::planning::{Plan, Shard};
 use crate::publish::{publish, Report};
 

@@ -214,7 +214,7 @@ pub fn write(path: &Path, records: &[&Record]) -> Result<(), CorpusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::episode::{Manifest, RunSummary};
+    use crate::injection::{Manifest, RunSummary};
     use crate::validate::{Check, NonTriviality, Validation};
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::Field;

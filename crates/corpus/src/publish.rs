@@ -10,9 +10,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::confusability::Confusability;
-use crate::episode::{episode_dir_name, Manifest};
 use crate::error::{io, CorpusError};
 use crate::files::{hex, to_json, write_atomic};
+use crate::injection::{episode_dir_name, Manifest};
 use crate::planning::{stable_hash, Plan, Uncovered};
 pub use crate::record::Record;
 use crate::validate;
@@ -237,19 +237,19 @@ pub(crate) fn publish(
         let split = splits[&m.id].clone();
         let loc = m.location.clone();
         let mut label = traces::Label::new(&trace_id);
-        label.deficiency_id = Some(m.deficiency.clone());
-        label.component = loc.as_ref().and_then(|l| l.component.clone());
-        label.file = loc.as_ref().map(|l| l.file.clone());
-        label.function = loc.as_ref().and_then(|l| l.function.clone());
-        label.line_start = loc.as_ref().map(|l| l.line_start as i64);
-        label.line_end = loc.as_ref().map(|l| l.line_end as i64);
+        label.truth.deficiency_id = Some(m.deficiency.clone());
+        label.truth.component = loc.as_ref().and_then(|l| l.component.clone());
+        label.truth.file = loc.as_ref().map(|l| l.file.clone());
+        label.truth.function = loc.as_ref().and_then(|l| l.function.clone());
+        label.truth.line_start = loc.as_ref().map(|l| l.line_start as i64);
+        label.truth.line_end = loc.as_ref().map(|l| l.line_end as i64);
         let injected = store.spans(&trace_id).map_err(store_err)?;
-        let departure = crate::departure::first_departure(
+        let departure = crate::clean_twin::first_departure(
             clean_spans.get(&m.agent, &m.task).map_err(store_err)?,
             &injected,
         );
-        label.step = departure.as_ref().and_then(|d| d.step);
-        label.agent = departure.as_ref().and_then(|d| d.agent.clone());
+        label.truth.step = departure.as_ref().and_then(|d| d.step);
+        label.truth.agent = departure.as_ref().and_then(|d| d.agent.clone());
         label.source = serde_json::json!({
             "episode": m.id, "agent": m.agent, "task": m.task, "variant": m.variant,
             "strategy": m.strategy, "split": split,
@@ -270,7 +270,7 @@ pub(crate) fn publish(
             .map_err(store_err)?;
         let trace_id = report.trace_ids.first().cloned().unwrap_or_default();
         let mut label = traces::Label::new(&trace_id);
-        label.deficiency_id = Some(taxonomy::NONE.into());
+        label.truth.deficiency_id = Some(taxonomy::NONE.into());
         label.source = serde_json::json!({
             "agent": h.agent, "task": h.task, "healthy": true, "split": h.split,
         });
@@ -516,8 +516,8 @@ fn healthy_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::episode::RunSummary;
     use crate::features::TraceFeatures;
+    use crate::injection::RunSummary;
     use crate::validate::Validation;
 
     fn manifest(id: &str, agent: &str, ty: &str) -> Manifest {

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::episode::Manifest;
+use crate::injection::Manifest;
 
 /// A published corpus record (`corpus.jsonl`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -16,5 +16,5 @@ pub struct Record {
     /// Where the injected run first departs from the clean run (also the store label's `step`
     /// and `agent`). Derived from the two traces at publishing, so outside the digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub departure: Option<crate::departure::Departure>,
+    pub departure: Option<crate::clean_twin::Departure>,
 }

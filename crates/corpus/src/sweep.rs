@@ -25,9 +25,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use taxonomy::Catalog;
 
-use crate::episode::{read_manifest, EpisodeRunner, Manifest};
 use crate::error::{io, CorpusError};
 use crate::files::write_atomic;
+use crate::injection::{read_manifest, EpisodeRunner, Manifest};
 use crate::planning::{GenerateOptions, Planned};
 use crate::validate;
 

@@ -99,14 +99,23 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
         .iter()
         .flat_map(|id| store.labels(id).unwrap())
         .collect();
-    labels.sort_by_key(|l| l.deficiency_id.clone());
-    assert_eq!(labels[1].deficiency_id.as_deref(), Some(taxonomy::NONE));
-    assert_eq!(labels[1].component, None);
+    labels.sort_by_key(|l| l.truth.deficiency_id.clone());
+    assert_eq!(
+        labels[1].truth.deficiency_id.as_deref(),
+        Some(taxonomy::NONE)
+    );
+    assert_eq!(labels[1].truth.component, None);
     assert_eq!(labels[1].source["healthy"], true);
     assert_eq!(read(&a.join("healthy.jsonl")).lines().count(), 1);
-    assert_eq!(labels[0].deficiency_id.as_deref(), Some("P2"));
-    assert_eq!(labels[0].component.as_deref(), Some("llm_client.stream"));
-    assert_eq!(labels[0].function.as_deref(), Some("StreamAssembler.feed"));
+    assert_eq!(labels[0].truth.deficiency_id.as_deref(), Some("P2"));
+    assert_eq!(
+        labels[0].truth.component.as_deref(),
+        Some("llm_client.stream")
+    );
+    assert_eq!(
+        labels[0].truth.function.as_deref(),
+        Some("StreamAssembler.feed")
+    );
     assert_eq!(read(&a.join("corpus.jsonl")).lines().count(), 1);
     // Where it shows: P2 cuts streamed tool-call arguments, so the run departs from the clean
     // one at a span of an agent step, and the record and the label say which.
@@ -114,10 +123,17 @@ fn generates_validates_labels_and_resumes_to_the_same_corpus() {
         serde_json::from_str(read(&a.join("corpus.jsonl")).lines().next().unwrap()).unwrap();
     let departure = &record["departure"];
     assert!(departure["span"].is_string(), "{record}");
-    assert_eq!(labels[0].step, departure["step"].as_i64(), "{departure}");
-    assert!(labels[0].step.is_some(), "{departure}");
+    assert_eq!(
+        labels[0].truth.step,
+        departure["step"].as_i64(),
+        "{departure}"
+    );
+    assert!(labels[0].truth.step.is_some(), "{departure}");
     assert_eq!(labels[0].source["departure"], *departure);
-    assert_eq!(labels[1].step, None, "a healthy trace departs nowhere");
+    assert_eq!(
+        labels[1].truth.step, None,
+        "a healthy trace departs nowhere"
+    );
     let split_lines: usize = ["train", "val", "test"]
         .iter()
         .map(|s| read(&a.join(format!("splits/{s}.jsonl"))).lines().count())

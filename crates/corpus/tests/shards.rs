@@ -59,10 +59,10 @@ fn labels(dir: &Path) -> Vec<Label> {
         .flat_map(|id| store.labels(id).unwrap())
         .map(|l| {
             (
-                l.deficiency_id,
+                l.truth.deficiency_id,
                 l.source["split"].as_str().unwrap_or_default().to_owned(),
-                l.step,
-                l.agent,
+                l.truth.step,
+                l.truth.agent,
             )
         })
         .collect();

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use detect::{Action, Config, Detector, Role, Status};
+use detect::{Action, Actor, Config, Detector, Status};
 
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort();
@@ -48,7 +48,7 @@ fn main() {
     }
     let detector = Detector::new(&db, Config::default(), false).expect("detector");
     let inv = detector.prepare(trace).expect("prepare");
-    let tools = Arc::clone(&inv).tools(Role::Main).expect("tools");
+    let tools = Arc::clone(&inv).tools(Actor::Main).expect("tools");
     let q = |s: &str| s.replace("{T}", &format!("'{trace}'"));
     let sql = [
         q("SELECT kind, COUNT(*) AS n FROM spans WHERE trace_id = {T} GROUP BY kind"),

@@ -336,6 +336,46 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The named taxonomy id (`none` for a healthy answer); `None` for blame.
+    pub fn deficiency_id(&self) -> Option<&str> {
+        match self {
+            Verdict::Deficiency { deficiency_id, .. } => Some(deficiency_id),
+            Verdict::Blame { .. } => None,
+        }
+    }
+
+    /// The named component; `None` for blame.
+    pub fn component(&self) -> Option<&str> {
+        match self {
+            Verdict::Deficiency { component, .. } => Some(component),
+            Verdict::Blame { .. } => None,
+        }
+    }
+
+    /// The step the answer points at, if it names one.
+    pub fn step(&self) -> Option<i64> {
+        match self {
+            Verdict::Deficiency { step, .. } => *step,
+            Verdict::Blame { step, .. } => Some(*step),
+        }
+    }
+
+    /// The code the answer points at, if it names any.
+    pub fn location(&self) -> Option<&CodeLocation> {
+        match self {
+            Verdict::Deficiency { location, .. } => location.as_ref(),
+            Verdict::Blame { .. } => None,
+        }
+    }
+
+    /// The agent a blame answer names.
+    pub fn blamed_agent(&self) -> Option<&str> {
+        match self {
+            Verdict::Blame { agent, .. } => Some(agent),
+            Verdict::Deficiency { .. } => None,
+        }
+    }
+
     /// Canonical `answer:` text.
     pub fn render(&self) -> String {
         match self {
@@ -458,7 +498,7 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
 }
 
 /// Where in the code an answer says the deficiency lives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeLocation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,

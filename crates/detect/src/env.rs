@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::Action;
 use crate::error::{Error, Result};
-use crate::history::{self, QueryHistory};
+use crate::query_history::{self, QueryHistory};
 use crate::sandbox::{Exit, Sandbox, SandboxLimits};
 use crate::sql::{SqlLimits, SqlRefusal, SqlTool};
 
@@ -28,16 +28,16 @@ pub struct Ablations {
 /// Who is acting: the main agent or the n-th subagent (1-based).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum Actor {
     Main,
     Subagent(usize),
 }
 
-impl Role {
+impl Actor {
     pub fn label(self) -> String {
         match self {
-            Role::Main => "main".to_string(),
-            Role::Subagent(n) => format!("subagent {n}"),
+            Actor::Main => "main".to_string(),
+            Actor::Subagent(n) => format!("subagent {n}"),
         }
     }
 }
@@ -84,10 +84,10 @@ impl Default for Config {
 }
 
 impl Config {
-    pub fn output_chars(&self, role: Role) -> usize {
+    pub fn output_chars(&self, role: Actor) -> usize {
         match role {
-            Role::Main => self.main_output_chars,
-            Role::Subagent(_) => self.subagent_output_chars,
+            Actor::Main => self.main_output_chars,
+            Actor::Subagent(_) => self.subagent_output_chars,
         }
     }
 }
@@ -360,12 +360,12 @@ impl Investigation {
     }
 
     /// The tools of one agent: its own SQL connection, the shared sandbox and history.
-    pub fn tools(self: &Arc<Self>, role: Role) -> Result<AgentTools> {
+    pub fn tools(self: &Arc<Self>, role: Actor) -> Result<AgentTools> {
         let sql = if self.config.ablations.no_sql {
             None
         } else {
             let mut limits = self.config.sql;
-            if let Role::Subagent(_) = role {
+            if let Actor::Subagent(_) = role {
                 limits.rows *= 10;
                 limits.cell_chars *= 10;
             }
@@ -382,12 +382,12 @@ impl Investigation {
 /// One agent's tools.
 pub struct AgentTools {
     inv: Arc<Investigation>,
-    role: Role,
+    role: Actor,
     sql: Option<SqlTool>,
 }
 
 impl AgentTools {
-    pub fn role(&self) -> Role {
+    pub fn role(&self) -> Actor {
         self.role
     }
 
@@ -403,7 +403,7 @@ impl AgentTools {
                 } else {
                     let scope = (!self.inv.history_shared).then_some(self.inv.trace_id.as_str());
                     let found = self.inv.history.lookup(question, *window, scope);
-                    Observation::new(history::render(&found, question), Status::Ok)
+                    Observation::new(query_history::render(&found, question), Status::Ok)
                 }
             }
             Action::Delegate { .. } | Action::Answer { .. } => Observation::new(
@@ -531,7 +531,7 @@ pub fn render_run(
 
 /// Cuts an observation to `limit` characters with a note; the main agent's note suggests
 /// delegating (paper §3.3's asymmetric limits).
-pub fn cap(mut obs: Observation, limit: usize, role: Role) -> Observation {
+pub fn cap(mut obs: Observation, limit: usize, role: Actor) -> Observation {
     let total = obs.text.chars().count();
     let pipeline_cut = obs.cut_from.is_some();
     if total <= limit && !pipeline_cut {
@@ -545,8 +545,8 @@ pub fn cap(mut obs: Observation, limit: usize, role: Role) -> Observation {
         format!("{total}")
     };
     let hint = match role {
-        Role::Main => "narrow it (WHERE, LIMIT, head, grep), or hand the deep-dive to a subagent with `delegate: TASK` (subagents see up to 100,000 characters)",
-        Role::Subagent(_) => "narrow it (WHERE, LIMIT, head, grep) or aggregate",
+        Actor::Main => "narrow it (WHERE, LIMIT, head, grep), or hand the deep-dive to a subagent with `delegate: TASK` (subagents see up to 100,000 characters)",
+        Actor::Subagent(_) => "narrow it (WHERE, LIMIT, head, grep) or aggregate",
     };
     obs.text = format!("{kept}\n[output cut: showed {shown} of {of} characters; {hint}]");
     obs.cut_from = Some(if pipeline_cut { shown } else { total });

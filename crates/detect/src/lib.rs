@@ -18,12 +18,12 @@
 
 pub mod action;
 pub mod env;
-pub mod episode;
 mod error;
-pub mod history;
+pub mod investigation;
 pub mod policies;
 pub mod probes;
 pub mod prompt;
+pub mod query_history;
 pub mod sandbox;
 pub mod shell;
 pub mod sql;
@@ -31,7 +31,9 @@ pub mod synthetic;
 pub mod transcript;
 
 pub use action::{Action, CodeLocation, Verdict};
-pub use env::{Ablations, Config, Investigation, Observation, Reference, References, Role, Status};
-pub use episode::{Detector, Policy, View};
+pub use env::{
+    Ablations, Actor, Config, Investigation, Observation, Reference, References, Status,
+};
 pub use error::{Error, Result};
+pub use investigation::{Detector, Policy, View};
 pub use transcript::{Outcome, Transcript, TurnRecord};

@@ -15,7 +15,7 @@
 //! names, the last spans, hand-offs between agents, tool-argument validity, timing and code
 //! locations.
 
-use crate::episode::{Policy, View};
+use crate::investigation::{Policy, View};
 use crate::policies::quote;
 use crate::sql::SqlTool;
 

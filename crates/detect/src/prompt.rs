@@ -3,14 +3,14 @@
 
 use std::fmt::Write as _;
 
-use crate::env::{Ablations, Role, SPANS_FILE, TRACE_FILE};
+use crate::env::{Ablations, Actor, SPANS_FILE, TRACE_FILE};
 use crate::sandbox::EPISODE_MOUNT;
 use crate::shell::ALLOWED_PROGRAMS;
 
 /// What goes into a prompt.
 pub struct PromptInput<'a> {
     pub trace_id: &'a str,
-    pub role: Role,
+    pub role: Actor,
     /// A subagent's task.
     pub task: Option<&'a str>,
     pub chatlog: bool,
@@ -24,7 +24,7 @@ pub struct PromptInput<'a> {
 pub fn system_prompt(p: &PromptInput<'_>) -> String {
     let mut s = String::new();
     match (p.role, p.task) {
-        (Role::Main, _) => {
+        (Actor::Main, _) => {
             let _ = writeln!(
                 s,
                 "You are the Detector. Trace `{}` records an AI agent run that went wrong because of one deficiency in the agent's code. Investigate the trace with the tools and name the deficiency type and the component it lives in.",
@@ -34,7 +34,7 @@ pub fn system_prompt(p: &PromptInput<'_>) -> String {
                 s.push_str("This trace is a multi-agent chat log: you may instead name the agent and the step responsible.\n");
             }
         }
-        (Role::Subagent(_), task) => {
+        (Actor::Subagent(_), task) => {
             let _ = writeln!(
                 s,
                 "You are a subagent of the Detector investigating trace `{}`. Your task: {}\nInvestigate it with the tools and finish with `answer: SUMMARY`, a short factual summary of what you found (the main agent sees only that summary).",
@@ -59,18 +59,18 @@ pub fn system_prompt(p: &PromptInput<'_>) -> String {
     if !p.ablations.no_history {
         s.push_str("history: QUESTION          earlier questions and answers of this investigation (`history 10m: ...` for the last 10 minutes)\n");
     }
-    if p.role == Role::Main && !p.ablations.no_subagents {
+    if p.role == Actor::Main && !p.ablations.no_subagents {
         s.push_str("delegate: TASK             a subagent investigates TASK and returns a summary; list more tasks on lines starting with `- ` to run them in parallel\n");
     }
     match p.role {
-        Role::Main => {
+        Actor::Main => {
             s.push_str("answer: ID COMPONENT | EVIDENCE   ends the investigation, e.g. `answer: P16 tools.schema | RecursionError in resolve_ref at startup`\n");
             s.push_str("answer: none | EVIDENCE          when the run shows no deficiency (a healthy trace)\n");
             if p.chatlog {
                 s.push_str("answer: agent NAME step N | EVIDENCE   for chat logs\n");
             }
         }
-        Role::Subagent(_) => s.push_str("answer: SUMMARY            ends your investigation\n"),
+        Actor::Subagent(_) => s.push_str("answer: SUMMARY            ends your investigation\n"),
     }
     let _ = writeln!(
         s,
@@ -88,7 +88,7 @@ pub fn system_prompt(p: &PromptInput<'_>) -> String {
             let _ = write!(s, "\n## Trace store\n{schema}");
         }
     }
-    if p.role == Role::Main {
+    if p.role == Actor::Main {
         s.push_str("\n## Deficiency types (id: name [components])\n");
         for d in p.catalog.deficiencies() {
             let _ = writeln!(s, "{}: {} [{}]", d.id, d.name, d.components.join(", "));

@@ -454,8 +454,8 @@ pub fn scenario(deficiency_id: &str, trace_id: &str, seed: u64) -> Option<(Vec<S
         _ => return None,
     };
     let mut label = Label::new(trace_id);
-    label.deficiency_id = Some(id.to_string());
-    label.component = Some(component.to_string());
+    label.truth.deficiency_id = Some(id.to_string());
+    label.truth.component = Some(component.to_string());
     label.reason = Some("synthetic scenario (detect::synthetic)".into());
     Some((spans, label))
 }
@@ -504,7 +504,7 @@ mod tests {
             );
             let (spans, label) = scenario(id, "t", 1).unwrap();
             assert!(spans.len() >= 3, "{id}");
-            assert_eq!(label.deficiency_id.as_deref(), Some(*id));
+            assert_eq!(label.truth.deficiency_id.as_deref(), Some(*id));
         }
     }
 }

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use traces::{Span, SpanKind, StatusCode};
 
 use crate::action::{Action, Verdict};
-use crate::env::{Observation, Role, Status};
+use crate::env::{Actor, Observation, Status};
 use crate::error::{Error, Result};
 
 /// How an episode ended.
@@ -80,7 +80,7 @@ pub struct Transcript {
     /// 32 hex digits; the trace id when imported.
     pub episode_id: String,
     pub investigated_trace: String,
-    pub role: Role,
+    pub role: Actor,
     pub task: Option<String>,
     pub policy: String,
     pub system_prompt: String,
@@ -355,8 +355,8 @@ fn rebuild(root: &Span, children: &HashMap<Option<&str>, Vec<&Span>>) -> Result<
             }
         }
         subagents.sort_by_key(|t| match t.role {
-            Role::Subagent(n) => n,
-            Role::Main => 0,
+            Actor::Subagent(n) => n,
+            Actor::Main => 0,
         });
         turns.push(TurnRecord {
             index: turn.step.unwrap_or(0) as usize,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use detect::env::{render_run, Role, Status};
+use detect::env::{render_run, Actor, Status};
 use detect::shell::{Pipeline, Stage};
 use detect::{Action, Config, Detector};
 use regex::Regex;
@@ -92,7 +92,7 @@ fn adversarial_corpus_is_refused_or_contained() {
     std::os::unix::fs::symlink("/etc/passwd", episode.join("passwd-link")).unwrap();
     std::os::unix::fs::symlink("..", episode.join("up-link")).unwrap();
     std::os::unix::fs::symlink(&store_path, episode.join("store-link")).unwrap();
-    let tools = Arc::clone(&inv).tools(Role::Main).unwrap();
+    let tools = Arc::clone(&inv).tools(Actor::Main).unwrap();
     let sandbox = inv
         .sandbox()
         .expect("the sandbox must be available in CI")

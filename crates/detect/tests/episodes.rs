@@ -35,10 +35,10 @@ fn accuracy(
             }) => (deficiency_id.clone(), component.clone()),
             _ => ("-".into(), "-".into()),
         };
-        let want = label.deficiency_id.clone().unwrap();
+        let want = label.truth.deficiency_id.clone().unwrap();
         if id == want {
             ids += 1;
-            if Some(&component) == label.component.as_ref() {
+            if Some(&component) == label.truth.component.as_ref() {
                 both += 1;
             }
         }
@@ -80,7 +80,7 @@ fn expert_transcript_round_trips_through_the_trace_importer() {
     // P11 fails on LLM spans, so the expert delegates: the transcript has a subagent.
     let (trace, _) = labels
         .iter()
-        .find(|(_, l)| l.deficiency_id.as_deref() == Some("P11"))
+        .find(|(_, l)| l.truth.deficiency_id.as_deref() == Some("P11"))
         .unwrap();
     let transcript = detector
         .investigate(trace, Box::new(ExpertPolicy::new()))

@@ -72,7 +72,7 @@ fn planted_signatures_reach_the_digests() {
     for (id, signal) in want {
         let (trace, _) = labels
             .iter()
-            .find(|(_, l)| l.deficiency_id.as_deref() == Some(id))
+            .find(|(_, l)| l.truth.deficiency_id.as_deref() == Some(id))
             .unwrap();
         let digest = probes::digest(&sql.run(&flags.query(trace)).unwrap());
         assert!(digest.contains(signal), "{id}: {digest}");

@@ -153,7 +153,7 @@ pub fn import(dir: &Path) -> Result<Imported> {
                 .labels(trace_id)
                 .map_err(store_err)?
                 .into_iter()
-                .find(|l| l.agent.is_some() || l.step.is_some())
+                .find(|l| l.truth.agent.is_some() || l.truth.step.is_some())
             {
                 logs.push((trace_id.clone(), file.display().to_string(), label));
             }
@@ -223,13 +223,12 @@ impl Imported {
 /// A log's case: its label and what was predicted.
 fn case(
     (trace_id, source, label): &(String, String, traces::Label),
-    predicted: Option<(String, i64)>,
+    predicted: Option<detect::Verdict>,
 ) -> BlameCase {
     BlameCase {
         trace_id: trace_id.clone(),
         source: source.clone(),
-        truth_agent: label.agent.clone(),
-        truth_step: label.step,
+        truth: label.truth.clone(),
         predicted,
     }
 }
@@ -242,7 +241,12 @@ fn first_error_cases(
     let mut cases = Vec::new();
     for log in &imported.logs {
         let turns = imported.turns(&store, &log.0)?;
-        let case = case(log, first_error(&turns));
+        let blamed = first_error(&turns).map(|(agent, step)| detect::Verdict::Blame {
+            agent,
+            step,
+            evidence: "the first failed turn (its author for a failed execution)".into(),
+        });
+        let case = case(log, blamed);
         on_done(&case);
         cases.push(case);
     }
@@ -272,17 +276,24 @@ pub fn evaluate_with(
                 trace_id: trace_id.clone(),
                 cause: Box::new(cause),
             })?;
+        // A deficiency answer at a step blames that step's agent.
         let predicted = match transcript.verdict() {
-            Some(detect::Verdict::Blame { agent, step, .. }) => Some((agent.clone(), *step)),
+            Some(v @ detect::Verdict::Blame { .. }) => Some(v.clone()),
             Some(detect::Verdict::Deficiency {
-                step: Some(step), ..
+                step: Some(step),
+                evidence,
+                ..
             }) => store
                 .agent_at_step(trace_id, *step)
                 .map_err(|source| Error::Store {
                     path: imported.db.clone(),
                     cause: Box::new(source),
                 })?
-                .map(|agent| (agent, *step)),
+                .map(|agent| detect::Verdict::Blame {
+                    agent,
+                    step: *step,
+                    evidence: evidence.clone(),
+                }),
             _ => None,
         };
         let case = case(log, predicted);

@@ -56,7 +56,7 @@ impl Classes {
         let (mut types, mut components) = (Vec::new(), Vec::new());
         let y = train
             .iter()
-            .map(|t| linear::class_index(&mut types, &t.truth.deficiency_id))
+            .map(|t| linear::class_index(&mut types, t.truth.id()))
             .collect();
         let yc = train
             .iter()
@@ -118,7 +118,7 @@ impl Classifier {
                 .map(|t| {
                     types
                         .iter()
-                        .position(|c| *c == t.truth.deficiency_id)
+                        .position(|c| c == t.truth.id())
                         .unwrap_or(usize::MAX)
                 })
                 .collect();

@@ -11,37 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{self, Bootstrap, Estimate};
 
-/// Where the fault really is (from the store's `labels` table).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Truth {
-    pub deficiency_id: String,
-    pub component: Option<String>,
-    pub file: Option<String>,
-    pub function: Option<String>,
-    /// The agent step where the failure first shows (a corpus label: where the injected run
-    /// first departs from the clean run).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<i64>,
-    /// The agent that step belongs to (the agent to blame in a multi-agent run).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-}
-
-/// What a detector answered.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Prediction {
-    pub deficiency_id: String,
-    pub component: String,
-    /// Detect's verdicts name no file or function today; a detector that does fills these.
-    pub file: Option<String>,
-    pub function: Option<String>,
-    /// The step the answer points at (`answer: ID COMPONENT @step N | …`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<i64>,
-    /// The agent of the answered step's spans (filled by the evaluation from the trace).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-}
+pub use detect::Verdict;
+pub use traces::Truth;
 
 /// One evaluated trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,8 +23,12 @@ pub struct Case {
     /// generator records it in the label's source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
-    /// `None` when the episode ended without a verdict.
-    pub predicted: Option<Prediction>,
+    /// The detector's answer; `None` when the episode ended without a deficiency verdict.
+    pub predicted: Option<Verdict>,
+    /// The agent of the answered step's spans (filled by the evaluation from the trace), which
+    /// agent blame is scored by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_agent: Option<String>,
     /// SQL and bash calls made, subagents' included.
     pub tool_calls: usize,
     /// How the episode ended, for the record.
@@ -62,9 +37,7 @@ pub struct Case {
 
 /// Whether the trace is labelled healthy ([`taxonomy::NONE`]).
 pub fn healthy(case: &Case) -> bool {
-    case.truth
-        .deficiency_id
-        .eq_ignore_ascii_case(taxonomy::NONE)
+    case.truth.is_healthy()
 }
 
 /// A healthy trace that the detector called deficient (a verdict naming a type).
@@ -72,16 +45,17 @@ pub fn false_positive(case: &Case) -> Option<bool> {
     healthy(case).then(|| {
         case.predicted
             .as_ref()
-            .is_some_and(|p| !p.deficiency_id.eq_ignore_ascii_case(taxonomy::NONE))
+            .and_then(Verdict::deficiency_id)
+            .is_some_and(|id| !id.eq_ignore_ascii_case(taxonomy::NONE))
     })
 }
 
 /// The predicted type is the labelled type (ids compared case-insensitively).
 pub fn detected(case: &Case) -> bool {
-    case.predicted.as_ref().is_some_and(|p| {
-        p.deficiency_id
-            .eq_ignore_ascii_case(&case.truth.deficiency_id)
-    })
+    case.predicted
+        .as_ref()
+        .and_then(Verdict::deficiency_id)
+        .is_some_and(|id| id.eq_ignore_ascii_case(case.truth.id()))
 }
 
 /// Component localisation: `None` when the label names no component (localisation is then
@@ -91,7 +65,7 @@ pub fn localised(case: &Case) -> Option<bool> {
     let Some(p) = &case.predicted else {
         return Some(false);
     };
-    Some(p.component == truth_component)
+    Some(p.component() == Some(truth_component))
 }
 
 /// Code localisation, the level a framework without a component mapping allows: `None` for a
@@ -106,16 +80,19 @@ pub fn code_localised(case: &Case) -> Option<bool> {
     let Some(p) = &case.predicted else {
         return Some(false);
     };
-    if p.file.is_none() && p.function.is_none() {
+    let Some(at) = p.location() else {
+        return Some(false);
+    };
+    if at.file.is_none() && at.function.is_none() {
         return Some(false);
     }
     let last = |name: &str| name.rsplit(['.', ':']).next().unwrap_or(name).to_owned();
-    let function_ok = match (&case.truth.function, &p.function) {
+    let function_ok = match (&case.truth.function, &at.function) {
         (Some(t), Some(q)) => last(t) == last(q),
         (Some(_), None) => false,
         (None, _) => true,
     };
-    let file_ok = match (&case.truth.file, &p.file) {
+    let file_ok = match (&case.truth.file, &at.file) {
         (Some(t), Some(q)) => same_file(t, q),
         (Some(_), None) => case.truth.function.is_some(),
         (None, _) => true,
@@ -133,7 +110,7 @@ pub fn agent_blamed(case: &Case) -> Option<bool> {
     Some(
         case.predicted
             .as_ref()
-            .and_then(|p| p.agent.as_deref())
+            .and(case.answered_agent.as_deref())
             .is_some_and(|a| same_agent(a, truth)),
     )
 }
@@ -149,7 +126,7 @@ pub fn step_localised(case: &Case, tolerance: i64) -> Option<bool> {
     Some(
         case.predicted
             .as_ref()
-            .and_then(|p| p.step)
+            .and_then(Verdict::step)
             .is_some_and(|s| (s - truth).abs() <= tolerance),
     )
 }
@@ -168,12 +145,11 @@ pub type Confusion = BTreeMap<String, BTreeMap<String, usize>>;
 pub fn confusion(cases: &[Case]) -> Confusion {
     let mut matrix = Confusion::new();
     for case in cases {
-        let predicted = case
-            .predicted
-            .as_ref()
-            .map_or(NO_VERDICT.to_string(), |p| p.deficiency_id.to_uppercase());
+        let predicted = case.predicted.as_ref().map_or(NO_VERDICT.to_string(), |p| {
+            p.deficiency_id().unwrap_or_default().to_uppercase()
+        });
         *matrix
-            .entry(case.truth.deficiency_id.to_uppercase())
+            .entry(case.truth.id().to_uppercase())
             .or_default()
             .entry(predicted)
             .or_default() += 1;
@@ -208,7 +184,7 @@ pub fn per_category(
     };
     for case in cases.iter().filter(|c| !healthy(c)) {
         let category = catalog
-            .get(&case.truth.deficiency_id)
+            .get(case.truth.id())
             .map_or(UNCATALOGUED.to_string(), |d| {
                 d.category.as_str().to_string()
             });
@@ -217,10 +193,8 @@ pub fn per_category(
     let mut rows: Vec<CategoryRow> = groups
         .into_iter()
         .filter_map(|(category, group)| {
-            let types: BTreeSet<String> = group
-                .iter()
-                .map(|c| c.truth.deficiency_id.to_uppercase())
-                .collect();
+            let types: BTreeSet<String> =
+                group.iter().map(|c| c.truth.id().to_uppercase()).collect();
             let hits: Vec<bool> = group.iter().map(|c| detected(c)).collect();
             let loc: Vec<bool> = group.iter().filter_map(|c| localised(c)).collect();
             Some(CategoryRow {
@@ -344,10 +318,18 @@ pub struct BlameCase {
     pub trace_id: String,
     /// The file it came from.
     pub source: String,
-    pub truth_agent: Option<String>,
-    pub truth_step: Option<i64>,
-    /// (agent, step); `None` when the detector gave no answer.
-    pub predicted: Option<(String, i64)>,
+    /// The label's agent and step.
+    pub truth: Truth,
+    /// A blame answer; `None` when the detector gave none.
+    pub predicted: Option<Verdict>,
+}
+
+impl BlameCase {
+    /// The blamed (agent, step), if the answer blames.
+    pub fn blamed(&self) -> Option<(&str, i64)> {
+        let v = self.predicted.as_ref()?;
+        Some((v.blamed_agent()?, v.step()?))
+    }
 }
 
 /// The three external-trace figures.
@@ -365,10 +347,9 @@ pub struct BlameSummary {
 /// Agent names are compared case-insensitively with `_` for spaces: an answer names the agent
 /// in one word (`answer: agent Data_Analyst step 3`).
 pub fn agent_correct(case: &BlameCase) -> Option<bool> {
-    let truth = case.truth_agent.as_deref()?;
+    let truth = case.truth.agent.as_deref()?;
     Some(
-        case.predicted
-            .as_ref()
+        case.blamed()
             .is_some_and(|(agent, _)| same_agent(agent, truth)),
     )
 }
@@ -381,10 +362,9 @@ fn same_agent(a: &str, b: &str) -> bool {
 
 /// Whether the predicted step is within `tolerance` of the labelled one (0 = exact).
 pub fn step_within(case: &BlameCase, tolerance: u64) -> Option<bool> {
-    let truth = case.truth_step?;
+    let truth = case.truth.step?;
     Some(
-        case.predicted
-            .as_ref()
+        case.blamed()
             .is_some_and(|(_, step)| step.abs_diff(truth) <= tolerance),
     )
 }
@@ -455,21 +435,43 @@ mod tests {
         Case {
             trace_id: format!("t-{truth}-{calls}"),
             truth: Truth {
-                deficiency_id: truth.into(),
                 component: component.map(str::to_string),
                 file: Some("toolcaller/agent.py".into()),
-                function: None,
-                step: None,
-                agent: None,
+                ..Truth::deficiency(truth)
             },
-            predicted: predicted.map(|(id, comp)| Prediction {
-                deficiency_id: id.into(),
-                component: comp.into(),
-                ..Prediction::default()
-            }),
+            predicted: predicted.map(|(id, comp)| answer(id, comp)),
+            answered_agent: None,
             tool_calls: calls,
             outcome: String::new(),
             agent: None,
+        }
+    }
+
+    fn answer(id: &str, component: &str) -> Verdict {
+        Verdict::Deficiency {
+            deficiency_id: id.into(),
+            component: component.into(),
+            step: None,
+            location: None,
+            evidence: String::new(),
+        }
+    }
+
+    /// The code location of a case's (deficiency) answer, made empty if it names none.
+    fn location(c: &mut Case) -> &mut detect::CodeLocation {
+        match c.predicted.as_mut() {
+            Some(Verdict::Deficiency { location, .. }) => {
+                location.get_or_insert_with(Default::default)
+            }
+            other => panic!("not a deficiency answer: {other:?}"),
+        }
+    }
+
+    /// The step of a case's (deficiency) answer.
+    fn answered_step(c: &mut Case) -> &mut Option<i64> {
+        match c.predicted.as_mut() {
+            Some(Verdict::Deficiency { step, .. }) => step,
+            other => panic!("not a deficiency answer: {other:?}"),
         }
     }
 
@@ -582,25 +584,25 @@ mod tests {
         c.truth.file = Some("toolcaller/agent.py".into());
         c.truth.function = Some("run_tools".into());
         assert_eq!(code_localised(&c), Some(false), "the answer names none");
-        c.predicted.as_mut().unwrap().function = Some("Agent.run_tools".into());
+        location(&mut c).function = Some("Agent.run_tools".into());
         assert_eq!(
             code_localised(&c),
             Some(true),
             "the function alone, by its last part"
         );
-        c.predicted.as_mut().unwrap().file = Some("/tmp/run/toolcaller/agent.py".into());
+        location(&mut c).file = Some("/tmp/run/toolcaller/agent.py".into());
         assert_eq!(code_localised(&c), Some(true), "file by path suffix");
-        c.predicted.as_mut().unwrap().file = Some("other/tools.py".into());
+        location(&mut c).file = Some("other/tools.py".into());
         assert_eq!(code_localised(&c), Some(false), "a wrong file");
         assert_eq!(
             localised(&c),
             Some(true),
             "the component is scored on its own"
         );
-        c.predicted.as_mut().unwrap().function = Some("other".into());
-        c.predicted.as_mut().unwrap().file = Some("agent.py".into());
+        location(&mut c).function = Some("other".into());
+        location(&mut c).file = Some("agent.py".into());
         assert_eq!(code_localised(&c), Some(false), "a wrong function");
-        c.truth.deficiency_id = "none".into();
+        c.truth.deficiency_id = Some("none".into());
         assert_eq!(code_localised(&c), None, "healthy traces have no location");
     }
 
@@ -615,9 +617,9 @@ mod tests {
         assert_eq!(agent_blamed(&c), None, "the label names no agent");
         c.truth.agent = Some("Corpus Analyst".into());
         assert_eq!(agent_blamed(&c), Some(false), "the answer names no step");
-        c.predicted.as_mut().unwrap().agent = Some("corpus_analyst".into());
+        c.answered_agent = Some("corpus_analyst".into());
         assert_eq!(agent_blamed(&c), Some(true));
-        c.predicted.as_mut().unwrap().agent = Some("Fact Checker".into());
+        c.answered_agent = Some("Fact Checker".into());
         assert_eq!(agent_blamed(&c), Some(false));
         assert_eq!(agent_blamed(&case("none", None, None, 1)), None);
     }
@@ -633,7 +635,7 @@ mod tests {
         assert_eq!(step_localised(&c, 1), None, "the label names no step");
         c.truth.step = Some(4);
         assert_eq!(step_localised(&c, 1), Some(false), "the answer names none");
-        c.predicted.as_mut().unwrap().step = Some(5);
+        *answered_step(&mut c) = Some(5);
         assert_eq!(step_localised(&c, 0), Some(false));
         assert_eq!(step_localised(&c, 1), Some(true));
         c.predicted = None;
@@ -654,11 +656,7 @@ mod tests {
         let mut other = cases();
         // Lose the first hit, gain the no-verdict case; one case only in `other`.
         other[0].predicted = None;
-        other[3].predicted = Some(Prediction {
-            deficiency_id: "C1".into(),
-            component: "orchestrator.termination".into(),
-            ..Prediction::default()
-        });
+        other[3].predicted = Some(answer("C1", "orchestrator.termination"));
         other[1].predicted = other[0].predicted.clone();
         other.push(case("P2", None, None, 0));
         let d = detection_difference(&base, &other, &Bootstrap::default()).unwrap();
@@ -674,9 +672,16 @@ mod tests {
         let blame = |agent: Option<&str>, step: Option<i64>, p: Option<(&str, i64)>| BlameCase {
             trace_id: "t".into(),
             source: "f".into(),
-            truth_agent: agent.map(str::to_string),
-            truth_step: step,
-            predicted: p.map(|(a, s)| (a.to_string(), s)),
+            truth: Truth {
+                agent: agent.map(str::to_string),
+                step,
+                ..Truth::default()
+            },
+            predicted: p.map(|(a, s)| Verdict::Blame {
+                agent: a.to_string(),
+                step: s,
+                evidence: String::new(),
+            }),
         };
         let cases = vec![
             blame(Some("A"), Some(3), Some(("A", 3))),

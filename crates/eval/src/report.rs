@@ -210,12 +210,11 @@ pub fn chatlog_markdown(r: &ChatlogReport) -> String {
     for c in &r.cases {
         let truth = format!(
             "{} step {}",
-            c.truth_agent.as_deref().unwrap_or("?"),
-            c.truth_step.map_or("?".to_string(), |s| s.to_string())
+            c.truth.agent.as_deref().unwrap_or("?"),
+            c.truth.step.map_or("?".to_string(), |s| s.to_string())
         );
         let predicted = c
-            .predicted
-            .as_ref()
+            .blamed()
             .map_or("(none)".to_string(), |(a, s)| format!("{a} step {s}"));
         out.push_str(&format!("| {} | {truth} | {predicted} |\n", c.source));
     }

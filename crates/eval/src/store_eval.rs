@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use detect::{Ablations, Action, Config, Detector, Transcript, Verdict};
 
 use crate::error::{Error, Result};
-use crate::metrics::{Case, Prediction, Truth};
+use crate::metrics::{Case, Truth};
 
 /// The non-learned detectors a store can be evaluated with.
 pub const DETECTORS: &[&str] = &["keyword", "expert"];
@@ -47,7 +47,7 @@ pub fn labelled_traces(db: &Path, only: Option<&[String]>) -> Result<Vec<Labelle
     let mut out = Vec::new();
     for trace_id in ids {
         let labels = store.labels(&trace_id).map_err(store_err)?;
-        let Some(label) = labels.into_iter().find(|l| l.deficiency_id.is_some()) else {
+        let Some(label) = labels.into_iter().find(|l| l.truth.deficiency_id.is_some()) else {
             if only.is_some() {
                 return Err(Error::Nothing {
                     path: db.to_path_buf(),
@@ -64,14 +64,7 @@ pub fn labelled_traces(db: &Path, only: Option<&[String]>) -> Result<Vec<Labelle
         out.push(Labelled {
             agent,
             trace_id,
-            truth: Truth {
-                deficiency_id: label.deficiency_id.unwrap_or_default(),
-                component: label.component,
-                file: label.file,
-                function: label.function,
-                step: label.step,
-                agent: label.agent,
-            },
+            truth: label.truth,
         });
     }
     Ok(out)
@@ -245,12 +238,13 @@ pub fn read_labels(
         out.traces.push(Labelled {
             trace_id: l.trace_id,
             truth: Truth {
-                deficiency_id,
+                deficiency_id: Some(deficiency_id),
                 component: l.component,
                 file: l.file,
                 function: l.function,
                 step: l.step,
                 agent: l.agent,
+                ..Truth::default()
             },
             agent: None,
         });
@@ -400,10 +394,8 @@ pub fn run_policies_transcribed(
             })?;
         let mut case = case_of(t, &transcript);
         // The agent an answered step blames: the agent of that step's spans.
-        if let Some(p) = case.predicted.as_mut() {
-            if let Some(step) = p.step {
-                p.agent = store.agent_at_step(&t.trace_id, step).map_err(store_err)?;
-            }
+        if let Some(step) = case.predicted.as_ref().and_then(Verdict::step) {
+            case.answered_agent = store.agent_at_step(&t.trace_id, step).map_err(store_err)?;
         }
         on_done(&case, &transcript);
         cases.push(case);
@@ -413,27 +405,16 @@ pub fn run_policies_transcribed(
 
 /// Scores one investigation of `t`.
 pub fn case_of(t: &Labelled, transcript: &Transcript) -> Case {
-    let predicted = match transcript.verdict() {
-        Some(Verdict::Deficiency {
-            deficiency_id,
-            component,
-            step,
-            location,
-            ..
-        }) => Some(Prediction {
-            deficiency_id: deficiency_id.clone(),
-            component: component.clone(),
-            step: *step,
-            file: location.as_ref().and_then(|l| l.file.clone()),
-            function: location.as_ref().and_then(|l| l.function.clone()),
-            ..Prediction::default()
-        }),
-        _ => None,
-    };
+    // Blame answers are scored by the chat-log evaluation, not here.
+    let predicted = transcript
+        .verdict()
+        .filter(|v| v.deficiency_id().is_some())
+        .cloned();
     Case {
         trace_id: t.trace_id.clone(),
         truth: t.truth.clone(),
         predicted,
+        answered_agent: None,
         tool_calls: tool_calls(transcript),
         agent: t.agent.clone(),
         outcome: transcript.outcome.describe(),
@@ -469,10 +450,7 @@ mod tests {
         let built = detect::synthetic::build_store(&db, 1).unwrap();
         let all = labelled_traces(&db, None).unwrap();
         assert_eq!(all.len(), built.len());
-        assert_eq!(
-            all[0].truth.deficiency_id,
-            built[0].1.deficiency_id.clone().unwrap()
-        );
+        assert_eq!(all[0].truth.deficiency_id, built[0].1.truth.deficiency_id);
         let one = vec![built[1].0.clone()];
         assert_eq!(labelled_traces(&db, Some(&one)).unwrap().len(), 1);
         let err = labelled_traces(&db, Some(&["nope".to_string()])).unwrap_err();
@@ -501,8 +479,8 @@ mod tests {
         let read = read_labels(&path, &db, &catalog, None).unwrap();
         assert_eq!(read.traces.len(), 2);
         assert_eq!(read.traces[0].trace_id, a);
-        assert_eq!(read.traces[0].truth.deficiency_id, taxonomy::NONE);
-        assert_eq!(read.traces[1].truth.deficiency_id, "P16");
+        assert_eq!(read.traces[0].truth.id(), taxonomy::NONE);
+        assert_eq!(read.traces[1].truth.id(), "P16");
         assert_eq!(
             read.traces[1].truth.component.as_deref(),
             Some("tools.schema")
@@ -601,9 +579,10 @@ mod tests {
             references: None,
         };
         let cases = run(&db, &read.traces, &options, |_| {}).unwrap();
-        let predicted = cases[0].predicted.as_ref().expect("a verdict");
-        assert_eq!(predicted.file.as_deref(), Some("/tmp/run/app/tools.py"));
-        assert_eq!(predicted.function.as_deref(), Some("read_file"));
+        let at = cases[0].predicted.as_ref().and_then(Verdict::location);
+        let at = at.expect("a verdict naming a location");
+        assert_eq!(at.file.as_deref(), Some("/tmp/run/app/tools.py"));
+        assert_eq!(at.function.as_deref(), Some("read_file"));
         assert_eq!(crate::metrics::code_localised(&cases[0]), Some(true));
     }
 

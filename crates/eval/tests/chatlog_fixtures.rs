@@ -37,10 +37,10 @@ fn first_error_blames_each_fixture_as_its_rule_says() {
         .map(|c| {
             let truth = format!(
                 "{}@{}",
-                c.truth_agent.as_deref().unwrap(),
-                c.truth_step.unwrap()
+                c.truth.agent.as_deref().unwrap(),
+                c.truth.step.unwrap()
             );
-            let (agent, step) = c.predicted.clone().expect("an answer");
+            let (agent, step) = c.blamed().expect("an answer");
             format!("{}: truth {truth}, predicted {agent}@{step}", name(c))
         })
         .collect();
@@ -75,7 +75,7 @@ fn the_expert_answers_every_fixture_with_one_of_its_turns() {
         let log: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&case.source).unwrap()).unwrap();
         let history = log["history"].as_array().unwrap();
-        let (agent, step) = case.predicted.clone().expect("an answer");
+        let (agent, step) = case.blamed().expect("an answer");
         let turn = &history[step as usize];
         let speaker = turn["name"]
             .as_str()

@@ -12,10 +12,10 @@ pub struct RequestContext {
 /// Produces one completion for a validated request.
 ///
 /// The server validates the request and checks the context window before calling
-/// [`Backend::complete`], and applies `max_tokens` and `stop` afterwards, so a backend only
+/// [`ChatBackend::complete`], and applies `max_tokens` and `stop` afterwards, so a backend only
 /// decides *what* the model says. It must be deterministic in the request, `seed` included,
 /// for scripted runs to be reproducible.
-pub trait Backend: Send + Sync + 'static {
+pub trait ChatBackend: Send + Sync + 'static {
     /// A short name for logs and `/health` (`scripted`, `model`).
     fn name(&self) -> &str;
 

@@ -1,7 +1,7 @@
 //! `llmserve`: the OpenAI-compatible chat-completions server that Pathfinder's agents call.
 //!
 //! One HTTP surface (`POST /v1/chat/completions`, `GET /v1/models`, `GET /health`), JSON or
-//! server-sent events, on TCP loopback or a Unix socket, in front of a [`Backend`]:
+//! server-sent events, on TCP loopback or a Unix socket, in front of a [`ChatBackend`]:
 //!
 //! - [`ScriptedBackend`] replays each task's solution path from `agents/tasks/scripts/` with
 //!   seeded surface variation, so runs are reproducible on CPU and only an injected deficiency
@@ -15,11 +15,11 @@
 
 pub mod api;
 pub mod backend;
-pub mod departure;
 pub mod limits;
 pub mod model_backend;
 pub mod rng;
 pub mod script;
+pub mod script_departure;
 pub mod scripted;
 pub mod server;
 pub mod sse;
@@ -27,7 +27,7 @@ pub mod tokenizer;
 pub mod validate;
 
 pub use api::{ApiError, ChatRequest, Completion, FinishReason, ToolCallOut, Usage};
-pub use backend::{Backend, RequestContext};
+pub use backend::{ChatBackend, RequestContext};
 pub use model_backend::ModelBackend;
 pub use script::{Script, ScriptError, ScriptKey, ScriptStore, Step};
 pub use scripted::ScriptedBackend;

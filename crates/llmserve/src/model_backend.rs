@@ -8,13 +8,13 @@
 //! To implement it: load the model and tokenizer in [`ModelBackend::new`], render the chat
 //! messages (and tool definitions) with the model's chat template, sample with the request's
 //! `temperature`, `top_p` and `seed`, parse tool calls from the generated text, and return a
-//! [`crate::Completion`] from [`crate::Backend::complete`]. Validation, the context window,
+//! [`crate::Completion`] from [`crate::ChatBackend::complete`]. Validation, the context window,
 //! `max_tokens`, usage and SSE rendering are already done by the server around it.
 
 use std::path::PathBuf;
 
 use crate::api::{ApiError, ChatRequest, Completion};
-use crate::backend::{Backend, RequestContext};
+use crate::backend::{ChatBackend, RequestContext};
 
 /// The reason the model backend cannot start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,7 +36,7 @@ impl ModelBackend {
     }
 }
 
-impl Backend for ModelBackend {
+impl ChatBackend for ModelBackend {
     fn name(&self) -> &str {
         "model"
     }

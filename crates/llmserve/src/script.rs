@@ -126,7 +126,7 @@ pub struct Step {
     pub provider_fault: Option<Fault>,
     /// Facts (numbers, file names) this step states that the model works out itself — a sum,
     /// a date difference, a file name from a listing's naming pattern — rather than copies
-    /// from its prompt; [`crate::departure`] does not look for them in the prompt.
+    /// from its prompt; [`crate::script_departure`] does not look for them in the prompt.
     #[serde(default)]
     pub computed: Vec<String>,
 }

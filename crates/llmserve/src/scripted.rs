@@ -1,7 +1,7 @@
 //! The `scripted` backend: replays `agents/tasks/scripts/NAME/TASK_ID.json`.
 //!
 //! The solution path is fixed by the script, and the model departs from it where the request
-//! lacks what a real model needs to follow it ([`crate::departure`]); the surface varies, seeded by the request's
+//! lacks what a real model needs to follow it ([`crate::script_departure`]); the surface varies, seeded by the request's
 //! `seed`, the script key and the step, so that two runs with the same seed see byte-identical
 //! replies while different seeds exercise the agent's parsing: JSON content is sometimes
 //! wrapped in a Markdown fence, tool-call ids differ, and (in [`crate::sse`]) chunk lengths and
@@ -13,10 +13,10 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 use crate::api::{ApiError, ChatRequest, Completion, FinishReason, ToolCallOut};
-use crate::backend::{Backend, RequestContext};
-use crate::departure::{self, Departure};
+use crate::backend::{ChatBackend, RequestContext};
 use crate::rng::{variation_seed, SplitMix64};
 use crate::script::{Fault, ScriptError, ScriptKey, ScriptStore};
+use crate::script_departure::{self, Departure};
 use crate::SCRIPTED_MODEL;
 
 /// Plays scripts from a [`ScriptStore`].
@@ -116,7 +116,7 @@ fn script_error(err: ScriptError) -> ApiError {
     }
 }
 
-impl Backend for ScriptedBackend {
+impl ChatBackend for ScriptedBackend {
     fn name(&self) -> &str {
         "scripted"
     }
@@ -141,11 +141,11 @@ impl Backend for ScriptedBackend {
         let key = ScriptKey::parse(header).map_err(script_error)?;
         let turn = request.assistant_turns();
         let steps = self.store.conversation(&key).map_err(script_error)?;
-        let departure::Played {
+        let script_departure::Played {
             step,
             departure,
             why,
-        } = departure::play(&steps, turn, request);
+        } = script_departure::play(&steps, turn, request);
         if departure != Departure::Scripted {
             self.departed
                 .lock()

@@ -15,7 +15,7 @@ use axum::Router;
 use serde_json::{json, Value};
 
 use crate::api::{completion_json, ApiError, ChatRequest, ResponseMeta, Usage};
-use crate::backend::{Backend, RequestContext};
+use crate::backend::{ChatBackend, RequestContext};
 use crate::rng::SplitMix64;
 use crate::{limits, sse, validate, CONTEXT_WINDOW, SCRIPT_HEADER};
 
@@ -75,13 +75,13 @@ impl ServerConfig {
 
 #[derive(Clone)]
 struct AppState {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn ChatBackend>,
     body_limit: usize,
     context_window: usize,
 }
 
 /// The router of the whole API; exposed so tests and embedders can serve it their own way.
-pub fn router(config: &ServerConfig, backend: Arc<dyn Backend>) -> Router {
+pub fn router(config: &ServerConfig, backend: Arc<dyn ChatBackend>) -> Router {
     let state = AppState {
         backend,
         body_limit: config.body_limit,
@@ -182,7 +182,7 @@ async fn chat(State(state): State<AppState>, headers: HeaderMap, request: Reques
 
 /// Everything between the body and the response, blocking (the backend may be slow).
 fn respond(
-    backend: &dyn Backend,
+    backend: &dyn ChatBackend,
     body: &Bytes,
     ctx: &RequestContext,
     window: usize,
@@ -313,7 +313,7 @@ async fn serve_bound(
 /// listening (what a client puts in `PATHFINDER_LLM_URL`).
 pub fn run_blocking(
     config: ServerConfig,
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn ChatBackend>,
     on_ready: impl FnOnce(&str),
 ) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -349,7 +349,7 @@ impl BackgroundServer {
     /// Binds (synchronously, so bind errors surface here) and starts serving.
     pub fn start(
         config: ServerConfig,
-        backend: Arc<dyn Backend>,
+        backend: Arc<dyn ChatBackend>,
     ) -> Result<BackgroundServer, ServeError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<String, ServeError>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

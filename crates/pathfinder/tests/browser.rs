@@ -66,7 +66,7 @@ fn pages_render_in_headless_chromium_without_network() {
     let labels = detect::synthetic::build_store(&db, 1).unwrap();
     let (trace, _) = labels
         .iter()
-        .find(|(_, l)| l.deficiency_id.as_deref() == Some("P16"))
+        .find(|(_, l)| l.truth.deficiency_id.as_deref() == Some("P16"))
         .unwrap();
     // A 10,000-span trace in the same store.
     let large = "00000000000000aa00000000000000bb";

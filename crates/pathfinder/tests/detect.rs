@@ -22,7 +22,7 @@ fn expert_names_the_planted_deficiency_and_saves_the_episode() {
     let (dir, db, labels) = store();
     let (trace, _) = labels
         .iter()
-        .find(|(_, l)| l.deficiency_id.as_deref() == Some("P16"))
+        .find(|(_, l)| l.truth.deficiency_id.as_deref() == Some("P16"))
         .unwrap();
     let episodes = dir.path().join("episodes.db");
     let json = dir.path().join("t.json");

@@ -199,7 +199,7 @@ fn chatlog_eval_reports_the_three_external_metrics() {
     let cases = report["cases"].as_array().unwrap();
     let agent_hits = cases
         .iter()
-        .filter(|c| c["predicted"][0] == c["truth_agent"])
+        .filter(|c| c["predicted"]["agent"] == c["truth"]["agent"])
         .count();
     assert_eq!(
         summary["agent"]["value"].as_f64().unwrap(),
@@ -209,8 +209,8 @@ fn chatlog_eval_reports_the_three_external_metrics() {
         cases
             .iter()
             .filter(|c| {
-                let truth = c["truth_step"].as_i64().unwrap();
-                c["predicted"][1]
+                let truth = c["truth"]["step"].as_i64().unwrap();
+                c["predicted"]["step"]
                     .as_i64()
                     .is_some_and(|s| (s - truth).abs() <= k)
             })
@@ -445,8 +445,8 @@ fn a_label_file_scores_a_store_without_labels_and_names_what_it_lacks() {
             if i == 0 {
                 serde_json::json!({"trace_id": id, "deficiency_id": "none"})
             } else {
-                serde_json::json!({"trace_id": id, "deficiency_id": l.deficiency_id,
-                    "component": l.component})
+                serde_json::json!({"trace_id": id, "deficiency_id": l.truth.deficiency_id,
+                    "component": l.truth.component})
             }
             .to_string()
         })

@@ -23,7 +23,7 @@ fn detect_and_eval_write_pages() {
     let labels = detect::synthetic::build_store(&db, 1).unwrap();
     let (trace, _) = labels
         .iter()
-        .find(|(_, l)| l.deficiency_id.as_deref() == Some("P16"))
+        .find(|(_, l)| l.truth.deficiency_id.as_deref() == Some("P16"))
         .unwrap();
 
     let page = dir.path().join("one.html");

@@ -16,6 +16,7 @@
 use std::path::Path;
 
 use detect::probes::{self, ProbeResult};
+use detect::Verdict;
 use linear::Softmax;
 use serde::{Deserialize, Serialize};
 
@@ -298,9 +299,11 @@ pub struct DecisionHead {
     pub calibration: Option<Calibration>,
 }
 
-/// One decision: the chosen type and component and the type distribution it came from.
+/// The head's choice in its own terms: indices into [`DecisionHead::types`] and
+/// [`DecisionHead::components`] and the type distribution they were drawn from (what PPO's
+/// ratio needs). The answer it stands for is [`DecisionHead::verdict`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
+pub struct HeadChoice {
     pub type_index: usize,
     pub component_index: usize,
     /// Log-probabilities over [`DecisionHead::types`] (they exponentiate to a sum of one).
@@ -314,7 +317,7 @@ impl DecisionHead {
     /// deficiency score is at or below its threshold: a calibration only takes back
     /// deficiencies the head would name (it never names one the head's operating point would
     /// not), so the false-positive rate is at most the lower of the two.
-    pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> Decision {
+    pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> HeadChoice {
         let recentred;
         let features = match &self.calibration {
             Some(c) if temperature <= 0.0 && !c.recentre.is_empty() => {
@@ -335,7 +338,7 @@ impl DecisionHead {
             _ if temperature <= 0.0 => linear::argmax(&lp),
             _ => sample(&lp, temperature, u),
         };
-        Decision {
+        HeadChoice {
             type_index,
             component_index: self.component_for(type_index, features),
             type_log_probs: lp,
@@ -428,8 +431,9 @@ impl DecisionHead {
         self.type_model.prior = prior;
     }
 
-    /// The `answer:` line of a decision.
-    pub fn answer(&self, d: &Decision) -> String {
+    /// The answer a choice stands for, its evidence the type's probability (and the
+    /// calibration's reading, when one is in use).
+    pub fn verdict(&self, d: &HeadChoice) -> Verdict {
         let t = &self.types[d.type_index];
         let p = d.type_log_probs[d.type_index].exp();
         let c = if t == NONE {
@@ -437,16 +441,28 @@ impl DecisionHead {
         } else {
             &self.components[d.component_index]
         };
-        match &self.calibration {
+        let evidence = match &self.calibration {
             Some(cal) => format!(
-                "answer: {t} {c} | the probe digests above, p = {p:.2}, deficiency score {:.3} against calibration `{}` (threshold {:.3}, p-value {:.2})",
+                "the probe digests above, p = {p:.2}, deficiency score {:.3} against calibration `{}` (threshold {:.3}, p-value {:.2})",
                 deficiency_score(&self.types, &d.type_log_probs),
                 cal.name,
                 cal.threshold,
                 cal.p_value(deficiency_score(&self.types, &d.type_log_probs))
             ),
-            None => format!("answer: {t} {c} | the probe digests above, p = {p:.2}"),
+            None => format!("the probe digests above, p = {p:.2}"),
+        };
+        Verdict::Deficiency {
+            deficiency_id: t.clone(),
+            component: c.to_owned(),
+            step: None,
+            location: None,
+            evidence,
         }
+    }
+
+    /// The `answer:` line of a choice.
+    pub fn answer(&self, d: &HeadChoice) -> String {
+        self.verdict(d).render()
     }
 
     /// Writes the head as JSON to `path` (a temporary name beside it, then a rename).
@@ -513,7 +529,7 @@ pub fn sample(log_probs: &[f32], temperature: f32, u: f64) -> usize {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Investigated {
     pub features: Vec<f32>,
-    pub decision: Decision,
+    pub choice: HeadChoice,
 }
 
 /// The learned Detector as a `detect::Policy`: the probe battery, then the head's decision on
@@ -550,7 +566,7 @@ pub fn policy(
             if let Some(sink) = &sink {
                 *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Investigated {
                     features: x,
-                    decision: d,
+                    choice: d,
                 });
             }
             Ok(text)

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use detect::{Policy, View};
 use model::{KvCache, SamplingParams};
 
-use crate::batch::TurnBatcher;
+use crate::batched_decoding::TurnBatcher;
 use crate::chat::Conversation;
 use crate::grammar::ActionGrammar;
 pub use crate::policy_model::{PolicyModel, SharedModel};

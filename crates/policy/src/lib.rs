@@ -27,7 +27,7 @@
 //! re-tokenisation of generated text); depends on `model`, `detect` and `taxonomy`.
 
 pub mod baseline;
-pub mod batch;
+pub mod batched_decoding;
 pub mod blame;
 pub mod calibration;
 pub mod chat;
@@ -39,7 +39,7 @@ pub mod injector;
 pub mod policy_model;
 pub mod prompt;
 
-pub use batch::TurnBatcher;
+pub use batched_decoding::TurnBatcher;
 pub use chat::{ChatFormat, Conversation};
 pub use demonstration::{demonstration, DemoAnswer};
 pub use detector::{investigate_many, DetectorOptions, LearnedDetector};

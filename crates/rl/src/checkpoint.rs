@@ -111,7 +111,7 @@ pub fn save(
     };
     write("state.json", json.as_bytes())?;
     write("config.toml", config_text.as_bytes())?;
-    for file in crate::metrics::RUN_LOGS {
+    for file in crate::run_log::RUN_LOGS {
         let src = run.join(file);
         if src.exists() {
             let dst = tmp.join(file);

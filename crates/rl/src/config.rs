@@ -36,7 +36,7 @@ pub struct RunConfig {
 /// How the Detector decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum Decision {
+pub enum DecisionMode {
     /// Free-form `sql:`/`bash:` calls and an answer spelt token by token under the grammar
     /// (for models able to write queries).
     #[default]
@@ -306,8 +306,8 @@ pub struct DetectorSection {
     /// trace form a group and the `group` baseline compares them with each other (as GRPO
     /// does), so a trace's difficulty no longer passes for the quality of an investigation.
     pub samples_per_trace: usize,
-    /// `tokens` or `head` (see [`Decision`]).
-    pub decision: Decision,
+    /// `tokens` or `head` (see [`DecisionMode`]).
+    pub decision: DecisionMode,
 }
 
 impl Default for DetectorSection {
@@ -318,7 +318,7 @@ impl Default for DetectorSection {
             observation_chars: 400,
             temperature: 1.0,
             samples_per_trace: 1,
-            decision: Decision::Tokens,
+            decision: DecisionMode::Tokens,
         }
     }
 }
@@ -639,7 +639,7 @@ impl RunConfig {
             );
         }
         if self.injector.focus != InjectorFocus::None {
-            if self.detector.decision != Decision::Head {
+            if self.detector.decision != DecisionMode::Head {
                 return bad(
                     "injector.focus",
                     "`confusion` and `coverage` need the decision head (`[detector] decision = \"head\"`), whose errors they estimate",
@@ -664,7 +664,7 @@ impl RunConfig {
                 "needs a corpus to read the validated combinations from (`[eval] corpus`)",
             );
         }
-        if self.detector.decision == Decision::Head {
+        if self.detector.decision == DecisionMode::Head {
             if self.eval.corpus.is_empty() {
                 return bad(
                     "detector.decision",

@@ -454,10 +454,10 @@ impl Environment {
 /// The ground truth of an episode.
 pub fn truth(m: &Manifest) -> Truth {
     Truth {
-        deficiency: m.deficiency.clone(),
         component: m.location.as_ref().and_then(|l| l.component.clone()),
         file: m.location.as_ref().map(|l| l.file.clone()),
         function: m.location.as_ref().and_then(|l| l.function.clone()),
+        ..Truth::deficiency(m.deficiency.clone())
     }
 }
 
@@ -469,12 +469,7 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
         .trace
         .as_deref()
         .ok_or_else(|| RlError::Environment(format!("episode {} left no trace", m.id)))?;
-    let t = truth(m);
-    let mut label = traces::Label::new(trace_id);
-    label.deficiency_id = Some(t.deficiency);
-    label.component = t.component;
-    label.file = t.file;
-    label.function = t.function;
+    let mut label = traces::Label::of(trace_id, truth(m));
     label.source = serde_json::json!({"episode": m.id, "agent": m.agent, "task": m.task});
     import_trace(store, &out.join(rel), label)
 }
@@ -482,10 +477,8 @@ pub fn import(store: &mut traces::Store, out: &Path, m: &Manifest, trace_id: &st
 /// The ground truth of a healthy trace: no deficiency, and nowhere to find one.
 pub fn healthy_truth() -> Truth {
     Truth {
-        deficiency: policy::decision::NONE.to_owned(),
         component: Some(policy::decision::NO_COMPONENT.to_owned()),
-        file: None,
-        function: None,
+        ..Truth::deficiency(policy::decision::NONE)
     }
 }
 
@@ -498,7 +491,7 @@ pub fn import_healthy(
     trace_id: &str,
 ) -> Result<()> {
     let mut label = traces::Label::new(trace_id);
-    label.deficiency_id = Some(policy::decision::NONE.to_owned());
+    label.truth.deficiency_id = Some(policy::decision::NONE.to_owned());
     label.source = serde_json::json!({"clean_run_of": m.id, "agent": m.agent, "task": m.task});
     import_trace(store, clean, label)
 }

@@ -42,7 +42,7 @@ pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTrace
     let mut traces = store_eval::labelled_traces(&db, Some(&ids)).map_err(eval_err)?;
     if max > 0 && traces.len() > max {
         traces = interleave(interleave(traces, |t| t.agent.clone()), |t| {
-            t.truth.deficiency_id.clone()
+            t.truth.id().to_owned()
         });
         traces.truncate(max);
     }
@@ -280,7 +280,7 @@ pub fn demonstrations(
     for (i, t) in split.traces.iter().enumerate() {
         let answer = match (labels, t.truth.component.as_deref()) {
             (false, _) => DemoAnswer::Expert,
-            (true, Some(component)) => DemoAnswer::Label(&t.truth.deficiency_id, component),
+            (true, Some(component)) => DemoAnswer::Label(t.truth.id(), component),
             (true, None) => {
                 on_done(i + 1);
                 continue;
@@ -314,10 +314,7 @@ mod tests {
     fn labelled(agent: &str, id: &str) -> Labelled {
         Labelled {
             trace_id: id.into(),
-            truth: eval::metrics::Truth {
-                deficiency_id: "P1".into(),
-                ..eval::metrics::Truth::default()
-            },
+            truth: eval::metrics::Truth::deficiency("P1"),
             agent: Some(agent.into()),
         }
     }
@@ -340,7 +337,7 @@ mod tests {
                 call.error_message = Some("HTTP 400".into());
                 store.import_spans([root, call], "test").unwrap();
                 let mut label = traces::Label::new(*id);
-                label.deficiency_id = Some(format!("P{}", n + 1));
+                label.truth.deficiency_id = Some(format!("P{}", n + 1));
                 label.source = serde_json::json!({"agent": "a", "episode": n});
                 store.put_label(&label).unwrap();
             }
@@ -356,7 +353,7 @@ mod tests {
         assert_eq!(short.db, out);
         let ids: Vec<&str> = short.traces.iter().map(|t| t.trace_id.as_str()).collect();
         assert_eq!(ids, ["t0000000", "t0000001"]);
-        assert_eq!(short.traces[1].truth.deficiency_id, "P2");
+        assert_eq!(short.traces[1].truth.id(), "P2");
         assert_eq!(short.traces[1].agent.as_deref(), Some("a"));
 
         let store = traces::Store::open_read_only(&out).unwrap();
@@ -397,10 +394,7 @@ mod tests {
     #[test]
     fn a_bounded_selection_covers_types_first_then_agents() {
         let typed = |ty: &str, agent: &str, id: &str| Labelled {
-            truth: eval::metrics::Truth {
-                deficiency_id: ty.into(),
-                ..labelled(agent, id).truth
-            },
+            truth: eval::metrics::Truth::deficiency(ty),
             ..labelled(agent, id)
         };
         // A split's order: type by type, agent by agent within a type.
@@ -413,7 +407,7 @@ mod tests {
             typed("P3", "b", "3b2"),
         ];
         let by_agent = interleave(input, |t| t.agent.clone());
-        let ids: Vec<String> = interleave(by_agent, |t| t.truth.deficiency_id.clone())
+        let ids: Vec<String> = interleave(by_agent, |t| t.truth.id().to_owned())
             .into_iter()
             .map(|t| t.trace_id)
             .collect();

@@ -77,7 +77,7 @@ pub fn fit(
                 .filter_map(|(t, x)| {
                     types
                         .iter()
-                        .position(|c| *c == t.truth.deficiency_id)
+                        .position(|c| c == t.truth.id())
                         .map(|k| (x.clone(), k))
                 })
                 .unzip()
@@ -111,7 +111,7 @@ pub fn healthy_mean(train: &[Labelled], x: &[Vec<f32>]) -> Vec<f32> {
     let healthy: Vec<&Vec<f32>> = train
         .iter()
         .zip(x)
-        .filter(|(t, _)| t.truth.deficiency_id == taxonomy::NONE)
+        .filter(|(t, _)| t.truth.id() == taxonomy::NONE)
         .map(|(_, x)| x)
         .collect();
     let Some(first) = healthy.first() else {
@@ -177,10 +177,7 @@ pub fn out_of_fold(
     by: FoldsBy,
     options: &FitOptions,
 ) -> Result<Vec<OutOfFold>> {
-    let truths: Vec<&str> = train
-        .iter()
-        .map(|t| t.truth.deficiency_id.as_str())
-        .collect();
+    let truths: Vec<&str> = train.iter().map(|t| t.truth.id()).collect();
     let frameworks: Vec<Option<&str>> = train.iter().map(|t| t.agent.as_deref()).collect();
     let fold_of = fold_assignment(&frameworks, folds, by);
     out_of_fold_of(&truths, x, &fold_of, options)
@@ -735,14 +732,7 @@ mod tests {
     fn labelled(ty: &str) -> Labelled {
         Labelled {
             trace_id: String::new(),
-            truth: eval::metrics::Truth {
-                deficiency_id: ty.into(),
-                component: None,
-                file: None,
-                function: None,
-                step: None,
-                agent: None,
-            },
+            truth: eval::metrics::Truth::deficiency(ty),
             agent: None,
         }
     }

@@ -49,7 +49,7 @@ pub fn from_transcript(
 ) -> Option<FailedInvestigation> {
     let answered = match transcript.verdict() {
         Some(Verdict::Deficiency { deficiency_id, .. }) => {
-            if *deficiency_id == truth.deficiency {
+            if deficiency_id == truth.id() {
                 return None;
             }
             Some(deficiency_id.clone())
@@ -67,7 +67,7 @@ pub fn from_transcript(
         };
         if evidence_at.is_none()
             && !matches!(turn.action, Some(Action::Answer { .. }))
-            && keyword.signature_in(&truth.deficiency, &turn.observation.text)
+            && keyword.signature_in(truth.id(), &turn.observation.text)
         {
             evidence_at = Some(steps.len());
         }
@@ -101,7 +101,7 @@ fn review_prompt(
     let mut user = format!(
         "Your investigation answered {} but the deficiency was {}. Its steps:\n",
         f.answered.as_deref().unwrap_or("nothing"),
-        f.truth.deficiency
+        f.truth.id()
     );
     for (i, s) in f.steps.iter().enumerate() {
         user.push_str(&format!(
@@ -160,7 +160,7 @@ pub fn review(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use detect::{Observation, Outcome, Role, Status, TurnRecord};
+    use detect::{Actor, Observation, Outcome, Status, TurnRecord};
 
     fn turn(i: usize, text: &str, action: Action, obs: &str) -> TurnRecord {
         TurnRecord {
@@ -189,7 +189,7 @@ mod tests {
         Transcript {
             episode_id: "e".into(),
             investigated_trace: "t".into(),
-            role: Role::Main,
+            role: Actor::Main,
             task: None,
             policy: "p".into(),
             system_prompt: String::new(),
@@ -231,10 +231,8 @@ mod tests {
     fn the_step_that_showed_the_evidence_is_where_it_went_wrong() {
         let keyword = KeywordPolicy::new().unwrap();
         let truth = Truth {
-            deficiency: "P16".into(),
             component: Some("tools.schema".into()),
-            file: None,
-            function: None,
+            ..Truth::deficiency("P16")
         };
         let f = from_transcript(
             &transcript("C3", "RecursionError: maximum recursion depth exceeded"),

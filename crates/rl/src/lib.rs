@@ -20,10 +20,10 @@ pub mod environment;
 pub mod evaluate;
 pub mod head;
 pub mod higher_order;
-pub mod metrics;
 pub mod ppo;
 pub mod report;
 pub mod reward;
+pub mod run_log;
 pub mod testing;
 pub mod trainer;
 

@@ -8,7 +8,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::metrics::{self, EvalMetrics, StepMetrics};
+use crate::run_log::{self, EvalMetrics, StepMetrics};
 use crate::Result;
 
 /// Everything a run logged.
@@ -28,7 +28,7 @@ fn read_cases(path: &Path) -> Result<Vec<(u64, String, String, bool)>> {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    for v in metrics::read_jsonl::<serde_json::Value>(path)? {
+    for v in run_log::read_jsonl::<serde_json::Value>(path)? {
         let truth = v["truth"]["deficiency_id"].as_str().unwrap_or_default();
         if truth.eq_ignore_ascii_case(taxonomy::NONE) {
             continue;
@@ -75,8 +75,8 @@ impl RunLog {
             .unwrap_or_else(|| run.display().to_string());
         Ok(RunLog {
             name,
-            steps: metrics::read_jsonl(&run.join("metrics.jsonl"))?,
-            evals: metrics::read_jsonl(&run.join("eval.jsonl"))?,
+            steps: run_log::read_jsonl(&run.join("metrics.jsonl"))?,
+            evals: run_log::read_jsonl(&run.join("eval.jsonl"))?,
             cases: read_cases(&run.join("eval-cases.jsonl"))?,
         })
     }
@@ -275,7 +275,7 @@ mod tests {
         let run = dir.path().join("seed-1");
         std::fs::create_dir(&run).unwrap();
         for step in 1..=2 {
-            metrics::append(
+            run_log::append(
                 &run.join("metrics.jsonl"),
                 &StepMetrics {
                     step,
@@ -288,8 +288,8 @@ mod tests {
             )
             .unwrap();
         }
-        metrics::append(&run.join("eval.jsonl"), &eval(0, "sft", 0.25)).unwrap();
-        metrics::append(&run.join("eval.jsonl"), &eval(2, "ppo", 0.5)).unwrap();
+        run_log::append(&run.join("eval.jsonl"), &eval(0, "sft", 0.25)).unwrap();
+        run_log::append(&run.join("eval.jsonl"), &eval(2, "ppo", 0.5)).unwrap();
         let log = RunLog::read(&run).unwrap();
         assert_eq!(log.name, "seed-1");
         let md = markdown(&log);

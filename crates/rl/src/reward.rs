@@ -8,14 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RewardWeights;
 
-/// Where the injection really is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Truth {
-    pub deficiency: String,
-    pub component: Option<String>,
-    pub file: Option<String>,
-    pub function: Option<String>,
-}
+pub use detect::Verdict;
+pub use traces::Truth;
 
 /// A code site of the agent: what a predicted component can point at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,13 +19,25 @@ pub struct Site {
     pub function: String,
 }
 
-/// What the Detector said and how long it took.
+/// One investigation as the rewards see it: the Detector's answer (`None` when the episode
+/// ended without one) and the tool calls it took.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Detection {
-    /// `None` when the episode ended without an answer.
-    pub deficiency: Option<String>,
-    pub component: Option<String>,
+pub struct Answered {
+    pub verdict: Option<Verdict>,
     pub tool_calls: usize,
+}
+
+impl Answered {
+    /// The answered taxonomy id, if the answer names one.
+    pub fn deficiency_id(&self) -> Option<&str> {
+        self.verdict.as_ref().and_then(Verdict::deficiency_id)
+    }
+
+    /// Whether the answer names the true type (ids compared exactly, as the vocabularies
+    /// spell them).
+    pub fn names(&self, truth: &Truth) -> bool {
+        truth.deficiency_id.is_some() && self.deficiency_id() == truth.deficiency_id.as_deref()
+    }
 }
 
 /// Partial localisation credit: the predicted component's sites (from the agent's manifest)
@@ -74,8 +80,8 @@ pub fn efficiency(tool_calls: usize, w: &RewardWeights) -> f64 {
 
 /// Equation (1); with `efficiency_needs_detection` the γ term, and with
 /// `localisation_needs_detection` the β term, only for a correct type.
-pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
-    let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
+pub fn detector_reward(d: &Answered, truth: &Truth, sites: &[Site], w: &RewardWeights) -> f64 {
+    let correct = d.names(truth);
     let efficient = if w.efficiency_needs_detection && !correct {
         0.0
     } else {
@@ -84,16 +90,21 @@ pub fn detector_reward(d: &Detection, truth: &Truth, sites: &[Site], w: &RewardW
     let located = if w.localisation_needs_detection && !correct {
         0.0
     } else {
-        loc_score(d.component.as_deref(), truth, sites, w)
+        loc_score(
+            d.verdict.as_ref().and_then(Verdict::component),
+            truth,
+            sites,
+            w,
+        )
     };
     w.alpha * f64::from(u8::from(correct)) + w.beta * located + w.gamma * efficient
 }
 
 /// Equation (2); `None` detection means the injection failed validation.
-pub fn injector_reward(d: Option<&Detection>, truth: &Truth, w: &RewardWeights) -> f64 {
+pub fn injector_reward(d: Option<&Answered>, truth: &Truth, w: &RewardWeights) -> f64 {
     match d {
         None => w.r_invalid,
-        Some(d) if d.deficiency.as_deref() == Some(truth.deficiency.as_str()) => {
+        Some(d) if d.names(truth) => {
             if d.tool_calls > w.k_min {
                 w.r_high
             } else {
@@ -110,20 +121,30 @@ mod tests {
 
     fn truth() -> Truth {
         Truth {
-            deficiency: "P16".into(),
             component: Some("tools.schema".into()),
             file: Some("pkg/tools.py".into()),
             function: Some("Registry.resolve_ref".into()),
+            ..Truth::deficiency("P16")
+        }
+    }
+
+    /// An answer naming `id` at `component` after `tool_calls` calls.
+    fn answer_at(id: &str, component: &str, tool_calls: usize) -> Answered {
+        Answered {
+            verdict: Some(Verdict::Deficiency {
+                deficiency_id: id.into(),
+                component: component.into(),
+                step: None,
+                location: None,
+                evidence: String::new(),
+            }),
+            tool_calls,
         }
     }
 
     /// An answer naming `id` in the injected component after `tool_calls` calls.
-    fn answer(id: &str, tool_calls: usize) -> Detection {
-        Detection {
-            deficiency: Some(id.into()),
-            component: Some("tools.schema".into()),
-            tool_calls,
-        }
+    fn answer(id: &str, tool_calls: usize) -> Answered {
+        answer_at(id, "tools.schema", tool_calls)
     }
 
     fn sites() -> Vec<Site> {
@@ -162,18 +183,10 @@ mod tests {
     #[test]
     fn detector_reward_adds_the_three_terms() {
         let w = RewardWeights::default();
-        let d = Detection {
-            deficiency: Some("P16".into()),
-            component: Some("tools.schema".into()),
-            tool_calls: 5,
-        };
+        let d = answer("P16", 5);
         let r = detector_reward(&d, &truth(), &sites(), &w);
         assert!((r - (1.0 + 0.5 * 1.0 + 0.2 * 0.5)).abs() < 1e-12, "{r}");
-        let wrong = Detection {
-            deficiency: Some("P1".into()),
-            component: None,
-            tool_calls: 20,
-        };
+        let wrong = answer_at("P1", "none", 20);
         assert_eq!(detector_reward(&wrong, &truth(), &sites(), &w), 0.0);
         assert_eq!(efficiency(0, &w), 1.0);
     }
@@ -219,14 +232,15 @@ mod tests {
     fn injector_reward_follows_equation_two() {
         let w = RewardWeights::default();
         let t = truth();
-        let det = |id: &str, calls| Detection {
-            deficiency: Some(id.into()),
-            component: None,
-            tool_calls: calls,
-        };
+        let det = |id: &str, calls| answer_at(id, "none", calls);
         assert_eq!(injector_reward(Some(&det("P16", 3)), &t, &w), w.r_high);
         assert_eq!(injector_reward(Some(&det("P16", 2)), &t, &w), w.r_med);
         assert_eq!(injector_reward(Some(&det("C3", 9)), &t, &w), w.r_low);
         assert_eq!(injector_reward(None, &t, &w), w.r_invalid);
+        let silent = Answered {
+            verdict: None,
+            tool_calls: 4,
+        };
+        assert_eq!(injector_reward(Some(&silent), &t, &w), w.r_low);
     }
 }

@@ -11,7 +11,7 @@ use crate::assemble::{assemble, AssembledTrace, PlacedSpan, ToolRollup, TraceRow
 use crate::conventions::canonical_attributes;
 use crate::error::{Error, Result};
 use crate::import::{read_file, Batch, Format, ImportOptions, ImportReport, Located};
-use crate::label::Label;
+use crate::label::{Label, Truth};
 use crate::span::{Span, SpanKind, StatusCode};
 
 /// Bumped whenever a table or column changes meaning; stores of another version are refused.
@@ -635,14 +635,16 @@ impl Store {
             Ok((
                 Label {
                     trace_id: r.get(0)?,
-                    deficiency_id: r.get(1)?,
-                    component: r.get(2)?,
-                    file: r.get(3)?,
-                    function: r.get(4)?,
-                    line_start: r.get(5)?,
-                    line_end: r.get(6)?,
-                    agent: r.get(7)?,
-                    step: r.get(8)?,
+                    truth: Truth {
+                        deficiency_id: r.get(1)?,
+                        component: r.get(2)?,
+                        file: r.get(3)?,
+                        function: r.get(4)?,
+                        line_start: r.get(5)?,
+                        line_end: r.get(6)?,
+                        agent: r.get(7)?,
+                        step: r.get(8)?,
+                    },
                     reason: r.get(9)?,
                     source: Value::Null,
                 },
@@ -896,14 +898,14 @@ fn insert_label(conn: &Connection, label: &Label) -> Result<i64> {
     )?
     .execute(params![
         label.trace_id,
-        label.deficiency_id,
-        label.component,
-        label.file,
-        label.function,
-        label.line_start,
-        label.line_end,
-        label.agent,
-        label.step,
+        label.truth.deficiency_id,
+        label.truth.component,
+        label.truth.file,
+        label.truth.function,
+        label.truth.line_start,
+        label.truth.line_end,
+        label.truth.agent,
+        label.truth.step,
         label.reason,
         source,
     ])?;

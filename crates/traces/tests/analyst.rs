@@ -146,7 +146,7 @@ fn chat_logs_become_turn_spans_with_steps_agents_and_labels() {
 
     let labels = store.labels(&chat_ids[4]).unwrap();
     assert_eq!(
-        (labels[0].agent.as_deref(), labels[0].step),
+        (labels[0].truth.agent.as_deref(), labels[0].truth.step),
         (Some("WebSurfer"), Some(12))
     );
     assert!(labels[0]
@@ -157,7 +157,7 @@ fn chat_logs_become_turn_spans_with_steps_agents_and_labels() {
     assert_eq!(labels[0].source["ground_truth"], "Crumb & Anchor");
     let steps: Vec<i64> = chat_ids
         .iter()
-        .map(|id| store.labels(id).unwrap()[0].step.unwrap())
+        .map(|id| store.labels(id).unwrap()[0].truth.step.unwrap())
         .collect();
     assert_eq!(steps, vec![0, 2, 4, 2, 12, 4]);
     // Every labelled step names a turn of the labelled agent.
@@ -165,8 +165,8 @@ fn chat_logs_become_turn_spans_with_steps_agents_and_labels() {
         let label = &store.labels(id).unwrap()[0];
         let spans = store.spans(id).unwrap();
         assert_eq!(
-            spans[label.step.unwrap() as usize].agent_name,
-            label.agent,
+            spans[label.truth.step.unwrap() as usize].agent_name,
+            label.truth.agent,
             "{id}"
         );
     }
@@ -400,12 +400,12 @@ fn labels_are_kept_apart_and_need_their_trace() {
         .import_file(fixture("good_agent_trace.jsonl"), Format::Jsonl)
         .unwrap();
     let mut label = traces::Label::new("1f2e3d4c5b6a79881f2e3d4c5b6a7988");
-    label.deficiency_id = Some("P16".into());
-    label.component = Some("tools.validation".into());
-    label.file = Some("swe/agent.py".into());
-    label.function = Some("Agent.step".into());
-    label.line_start = Some(3);
-    label.line_end = Some(9);
+    label.truth.deficiency_id = Some("P16".into());
+    label.truth.component = Some("tools.validation".into());
+    label.truth.file = Some("swe/agent.py".into());
+    label.truth.function = Some("Agent.step".into());
+    label.truth.line_start = Some(3);
+    label.truth.line_end = Some(9);
     store.put_label(&label).unwrap();
     let mut back = store.labels(&label.trace_id).unwrap();
     assert_eq!(back.len(), 1);

@@ -113,7 +113,7 @@ pub fn blamed_span(spans: &[Span], verdict: &Verdict) -> Option<usize> {
 
 /// Whether a verdict names the labelled type (`None` without a type label).
 pub fn type_right(verdict: Option<&Verdict>, label: &Label) -> Option<bool> {
-    let truth = label.deficiency_id.as_deref()?;
+    let truth = label.truth.deficiency_id.as_deref()?;
     Some(match verdict {
         Some(Verdict::Deficiency { deficiency_id, .. }) => {
             deficiency_id.eq_ignore_ascii_case(truth)
@@ -124,7 +124,7 @@ pub fn type_right(verdict: Option<&Verdict>, label: &Label) -> Option<bool> {
 
 /// Whether a verdict names the labelled component (`None` without a component label).
 pub fn component_right(verdict: Option<&Verdict>, label: &Label) -> Option<bool> {
-    let truth = label.component.as_deref()?;
+    let truth = label.truth.component.as_deref()?;
     Some(match verdict {
         Some(Verdict::Deficiency { component, .. }) => component == truth,
         _ => false,
@@ -207,28 +207,28 @@ pub fn trace_page(page: &TracePage) -> String {
     body.push_str("<h2>Verdict</h2>");
     if let Some(l) = label {
         body.push_str("<div class=\"card truth\"><h3>Ground truth</h3><p>");
-        match &l.deficiency_id {
+        match &l.truth.deficiency_id {
             Some(id) => type_line(&mut body, id, catalog),
             None => body.push_str("<em>no type labelled</em>"),
         }
         body.push_str("</p>");
-        if let Some(c) = &l.component {
+        if let Some(c) = &l.truth.component {
             body.push_str("<p>component ");
             component_line(&mut body, c, catalog);
             body.push_str("</p>");
         }
-        if l.file.is_some() || l.function.is_some() {
+        if l.truth.file.is_some() || l.truth.function.is_some() {
             body.push_str("<p>at <code>");
-            escape_into(&mut body, l.file.as_deref().unwrap_or("?"));
-            if let Some(f) = &l.function {
+            escape_into(&mut body, l.truth.file.as_deref().unwrap_or("?"));
+            if let Some(f) = &l.truth.function {
                 body.push(' ');
                 escape_into(&mut body, f);
             }
             body.push_str("</code></p>");
         }
-        if let Some(step) = l.step {
+        if let Some(step) = l.truth.step {
             let _ = write!(body, "<p>first shows at step {step}");
-            if let Some(agent) = &l.agent {
+            if let Some(agent) = &l.truth.agent {
                 body.push_str(" (agent <code>");
                 escape_into(&mut body, agent);
                 body.push_str("</code>)");
@@ -307,7 +307,7 @@ fn verdict_card(
             out.push_str("</p>");
             if let Some(step) = step {
                 let _ = write!(out, "<p>first shows at step {step}");
-                if let Some(truth) = label.and_then(|l| l.step) {
+                if let Some(truth) = label.and_then(|l| l.truth.step) {
                     mark(out, Some((step - truth).abs() <= 1));
                 }
                 out.push_str("</p>");
@@ -425,8 +425,8 @@ pub fn index_page(title: &str, rows: &[IndexRow], catalog: &Catalog) -> String {
         };
         cell_type(&mut body, &vt, catalog);
         cell(&mut body, &vc);
-        let lt = r.label.as_ref().and_then(|l| l.deficiency_id.clone());
-        let lc = r.label.as_ref().and_then(|l| l.component.clone());
+        let lt = r.label.as_ref().and_then(|l| l.truth.deficiency_id.clone());
+        let lc = r.label.as_ref().and_then(|l| l.truth.component.clone());
         cell_type(&mut body, lt.as_deref().unwrap_or(""), catalog);
         cell(&mut body, lc.as_deref().unwrap_or(""));
         for right in [

@@ -1,6 +1,6 @@
 use std::time::{Duration, Instant};
 
-use detect::{Action, Observation, Outcome, Role, Status, Transcript, TurnRecord, Verdict};
+use detect::{Action, Actor, Observation, Outcome, Status, Transcript, TurnRecord, Verdict};
 use serde_json::json;
 use traces::{Label, Span, SpanKind, StatusCode};
 
@@ -59,7 +59,7 @@ fn transcript(verdict: Verdict) -> Transcript {
     Transcript {
         episode_id: "e".repeat(32),
         investigated_trace: TRACE.into(),
-        role: Role::Main,
+        role: Actor::Main,
         task: None,
         policy: "expert".into(),
         system_prompt: "You investigate traces.".into(),
@@ -193,9 +193,9 @@ fn evaluation_page_marks_verdicts_against_the_label_side_by_side() {
     let spans = small_trace();
     let catalog = catalog();
     let mut label = Label::new(TRACE);
-    label.deficiency_id = Some("P16".into());
-    label.component = Some("tools.schema".into());
-    label.file = Some("research/tools/schema.py".into());
+    label.truth.deficiency_id = Some("P16".into());
+    label.truth.component = Some("tools.schema".into());
+    label.truth.file = Some("research/tools/schema.py".into());
     let wrong = Verdict::Deficiency {
         deficiency_id: "C3".into(),
         component: "tools.output".into(),

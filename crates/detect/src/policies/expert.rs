@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::episode::{Policy, View};
+use crate::investigation::{Policy, View};
 use crate::policies::blame;
 use crate::policies::{one_row, quote};
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use regex::{Regex, RegexBuilder};
 
-use crate::episode::{Policy, View};
+use crate::investigation::{Policy, View};
 use crate::policies::quote;
 
 const KEYWORDS: &str = include_str!("keywords.toml");

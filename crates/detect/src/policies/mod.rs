@@ -9,7 +9,7 @@ mod keyword;
 pub use expert::ExpertPolicy;
 pub use keyword::KeywordPolicy;
 
-use crate::episode::Policy;
+use crate::investigation::Policy;
 
 /// Policies by name, for the CLI.
 pub fn by_name(name: &str) -> Result<Box<dyn Policy>, String> {

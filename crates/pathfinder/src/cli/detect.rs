@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::write_atomically;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use detect::{Ablations, Action, Config, Detector, Role, Status};
+use detect::{Ablations, Action, Actor, Config, Detector, Status};
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -189,9 +189,9 @@ fn run_tool(args: ToolArgs) -> Result<()> {
     let detector = Detector::new(&args.db, Config::default(), false)?;
     let inv = detector.prepare(&args.trace)?;
     let role = if args.subagent {
-        Role::Subagent(1)
+        Actor::Subagent(1)
     } else {
-        Role::Main
+        Actor::Main
     };
     let tools = Arc::clone(&inv).tools(role)?;
     let action = match (args.sql, args.bash) {

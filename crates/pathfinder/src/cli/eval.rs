@@ -646,7 +646,7 @@ fn write_pages(
             .labels(&t.trace_id)
             .with_context(|| format!("reading the labels of trace {}", t.trace_id))?
             .into_iter()
-            .find(|l| l.deficiency_id.is_some());
+            .find(|l| l.truth.deficiency_id.is_some());
         let mut answers = Vec::new();
         for (r, kept) in reports.iter().zip(transcripts.iter_mut()) {
             let name = run_label(r);
@@ -655,20 +655,7 @@ fn write_pages(
             } else if let Some(case) = r.cases.iter().find(|c| c.trace_id == t.trace_id) {
                 answers.push(view::Answer {
                     detector: name,
-                    verdict: case
-                        .predicted
-                        .as_ref()
-                        .map(|p| detect::Verdict::Deficiency {
-                            deficiency_id: p.deficiency_id.clone(),
-                            component: p.component.clone(),
-                            step: p.step,
-                            location: detect::CodeLocation::parse(&format!(
-                                "{}:{}",
-                                p.file.as_deref().unwrap_or_default(),
-                                p.function.as_deref().unwrap_or_default()
-                            )),
-                            evidence: String::new(),
-                        }),
+                    verdict: case.predicted.clone(),
                     outcome: case.outcome.clone(),
                     transcript: None,
                 });

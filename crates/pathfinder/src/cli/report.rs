@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use charts::{LineChart, Mark, Series};
 use clap::Args;
-use rl::metrics::StepMetrics;
 use rl::report::{self, RunLog};
+use rl::run_log::StepMetrics;
 
 use super::write_atomically;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use llmserve::{Backend, Listen, ModelBackend, ScriptStore, ScriptedBackend, ServerConfig};
+use llmserve::{ChatBackend, Listen, ModelBackend, ScriptStore, ScriptedBackend, ServerConfig};
 
 /// Which backend answers the requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -40,7 +40,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let backend: Arc<dyn Backend> = match args.backend {
+    let backend: Arc<dyn ChatBackend> = match args.backend {
         BackendKind::Scripted => {
             if !args.scripts.is_dir() {
                 bail!(

@@ -322,7 +322,7 @@ impl Trainer {
         trace_id: &str,
         step: u64,
         i: usize,
-    ) -> Result<Vec<(Detection, Conversation, detect::Transcript)>> {
+    ) -> Result<Vec<(Answered, Conversation, detect::Transcript)>> {
         let seed = self.config.run.seed;
         let per_trace = self.config.detector.samples_per_trace;
         let options: Vec<DetectorOptions> = (0..per_trace)
@@ -339,17 +339,12 @@ impl Trainer {
         .into_iter()
         .map(|done| {
             let (transcript, conversation) = done.map_err(RlError::Environment)?;
-            let (deficiency, component) = match transcript.verdict() {
-                Some(Verdict::Deficiency {
-                    deficiency_id,
-                    component,
-                    ..
-                }) => (Some(deficiency_id.clone()), Some(component.clone())),
-                _ => (None, None),
-            };
-            let detection = Detection {
-                deficiency,
-                component,
+            // A blame answer names no type: the rewards read it as no answer.
+            let detection = Answered {
+                verdict: transcript
+                    .verdict()
+                    .filter(|v| v.deficiency_id().is_some())
+                    .cloned(),
                 tool_calls: eval::store_eval::tool_calls(&transcript),
             };
             Ok((detection, conversation, transcript))
@@ -419,7 +414,7 @@ impl Trainer {
         let mut choices = Vec::with_capacity(per_trace);
         for k in 0..per_trace {
             let d = if k == 0 {
-                investigated.decision.clone()
+                investigated.choice.clone()
             } else {
                 h.decide(
                     &investigated.features,

@@ -80,8 +80,8 @@ impl Trainer {
                 case,
             })
             .collect();
-        metrics::append_all(&self.options.run_dir.join("eval-cases.jsonl"), &cases)?;
-        metrics::append(
+        run_log::append_all(&self.options.run_dir.join("eval-cases.jsonl"), &cases)?;
+        run_log::append(
             &self.options.run_dir.join("eval.jsonl"),
             &EvalMetrics {
                 step: self.state.step,

@@ -20,7 +20,6 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use detect::policies::KeywordPolicy;
-use detect::Verdict;
 use eval::store_eval::Labelled;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{AdamW, AdamWConfig, DType, Device, LoraConfig, Projection};
@@ -31,14 +30,14 @@ use collective::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, TrainerState, RNG_SCHEME};
-use crate::config::{Decision, FoldsBy, InjectorFocus, InjectorMode, RunConfig, Topology};
+use crate::config::{DecisionMode, FoldsBy, InjectorFocus, InjectorMode, RunConfig, Topology};
 use crate::environment::{self, CorpusPrior, Environment};
 use crate::evaluate::{self, Accuracy, SplitTraces};
 use crate::head::{self, HeadSample};
 use crate::higher_order::{self, FailedInvestigation};
-use crate::metrics::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::ppo::{self, Role, Sample};
-use crate::reward::{self, Detection};
+use crate::reward::{self, Answered};
+use crate::run_log::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::{Result, RlError};
 
 mod checkpointing;
@@ -92,12 +91,12 @@ struct Episode {
     manifest: Option<corpus::Manifest>,
     /// The Detector's investigations of the episode's trace (`detector.samples_per_trace` of
     /// them); empty when the injection was not valid.
-    detections: Vec<(Detection, Conversation, detect::Transcript)>,
+    detections: Vec<(Answered, Conversation, detect::Transcript)>,
     /// With the decision head, each detection's sampled choice: (features, class, log-prob).
     head_choices: Vec<(Vec<f32>, usize, f32)>,
     /// The investigations of the clean run beside the injection, as a healthy trace
     /// (`run.healthy_per_step`); empty when it was not investigated.
-    healthy: Vec<(Detection, Conversation, detect::Transcript)>,
+    healthy: Vec<(Answered, Conversation, detect::Transcript)>,
     healthy_choices: Vec<(Vec<f32>, usize, f32)>,
 }
 
@@ -241,7 +240,7 @@ impl Trainer {
         }
         if latest.is_none() && leader {
             // Lines of an attempt that died before its first checkpoint are redone.
-            for file in metrics::RUN_LOGS {
+            for file in run_log::RUN_LOGS {
                 let p = options.run_dir.join(file);
                 if p.exists() {
                     std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
@@ -286,14 +285,14 @@ impl Trainer {
                 for name in &names {
                     checkpoint::load_adapter(&mut pm.model, dir, name)?;
                 }
-                if config.detector.decision == Decision::Head {
+                if config.detector.decision == DecisionMode::Head {
                     let detector = adapter_names(config.run.topology)[0];
                     heads = head::load(dir, detector)?;
                 }
                 state = checkpoint::read_state(dir)?;
                 if options.ranks.is_leader() {
-                    for file in metrics::RUN_LOGS {
-                        metrics::truncate_after(&options.run_dir.join(file), *step)?;
+                    for file in run_log::RUN_LOGS {
+                        run_log::truncate_after(&options.run_dir.join(file), *step)?;
                     }
                 }
                 tracing::info!(step, "resuming from {}", dir.display());
@@ -388,7 +387,7 @@ impl Trainer {
     /// Appends metric lines to a run log (rank 0 only).
     fn log_metrics<T: serde::Serialize>(&self, file: &str, lines: &[T]) -> Result<()> {
         if self.leader() {
-            metrics::append_all(&self.options.run_dir.join(file), lines)?;
+            run_log::append_all(&self.options.run_dir.join(file), lines)?;
         }
         Ok(())
     }
@@ -476,7 +475,7 @@ impl Trainer {
         if self.options.sft_only {
             return Ok(outcome);
         }
-        if self.config.detector.decision == Decision::Head {
+        if self.config.detector.decision == DecisionMode::Head {
             if self.heads.is_none() {
                 return Err(RlError::Environment(
                     "`detector.decision = \"head\"` but the run has no decision head (its warm start did not run)".into(),
@@ -647,7 +646,7 @@ impl Trainer {
             detection_accuracy: per_inv(detected as f64),
             localisation_accuracy: per_inv(localised as f64),
             injection_unique_types: Some(unique.len()),
-            injection_entropy: Some(metrics::entropy_of(&chosen_types)),
+            injection_entropy: Some(run_log::entropy_of(&chosen_types)),
             query_depth: per_inv(calls as f64),
             kl: weighted(|s| s.kl),
             value_loss: weighted(|s| s.value_loss),
@@ -689,7 +688,7 @@ impl Trainer {
 /// A live trace's investigations (detection, conversation, transcript) and, with the decision
 /// head, each choice's (features, class, log-probability).
 type Investigations = (
-    Vec<(Detection, Conversation, detect::Transcript)>,
+    Vec<(Answered, Conversation, detect::Transcript)>,
     Vec<(Vec<f32>, usize, f32)>,
 );
 
@@ -705,7 +704,7 @@ fn review_example(
     keep_named: bool,
 ) -> (Option<head::Failure>, bool) {
     let answered = h.type_model.predict(features);
-    let class = h.types.iter().position(|t| *t == truth.deficiency);
+    let class = h.types.iter().position(|t| t == truth.id());
     let named = class == Some(answered);
     let example = class
         .filter(|_| keep_named || !named)
@@ -740,16 +739,9 @@ fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
     })
 }
 
-fn head_detection(h: &DecisionHead, d: &policy::decision::Decision, calls: usize) -> Detection {
-    let ty = h.types[d.type_index].clone();
-    let component = if ty == policy::decision::NONE {
-        policy::decision::NO_COMPONENT.to_owned()
-    } else {
-        h.components[d.component_index].clone()
-    };
-    Detection {
-        deficiency: Some(ty),
-        component: Some(component),
+fn head_detection(h: &DecisionHead, d: &policy::decision::HeadChoice, calls: usize) -> Answered {
+    Answered {
+        verdict: Some(h.verdict(d)),
         tool_calls: calls,
     }
 }
@@ -779,7 +771,7 @@ fn read_eval(run: &Path, step: u64) -> Result<Option<Accuracy>> {
     if !path.exists() {
         return Ok(None);
     }
-    for m in metrics::read_jsonl::<EvalMetrics>(&path)? {
+    for m in run_log::read_jsonl::<EvalMetrics>(&path)? {
         if m.step == step {
             return Ok(Some(Accuracy {
                 detection: m.detection_accuracy,

@@ -41,7 +41,7 @@ impl Trainer {
                 r_inj_sum += r_inj;
                 r_joint_sum += r_inj;
                 samples_inj.extend(injector_sample(e, r_inj));
-                self.state.history.push((truth.deficiency.clone(), false));
+                self.state.history.push((truth.id().to_owned(), false));
                 continue;
             }
             // The Injector's reward is its expected reward over the trace's investigations;
@@ -67,13 +67,18 @@ impl Trainer {
                 investigated += 1;
                 r_det_sum += r_det;
                 calls += d.tool_calls;
-                let correct = d.deficiency.as_deref() == Some(truth.deficiency.as_str());
+                let correct = d.names(&truth);
                 detected += usize::from(correct);
                 localised += usize::from(
-                    reward::loc_score(d.component.as_deref(), &truth, sites, w) >= w.loc_function,
+                    reward::loc_score(
+                        d.verdict.as_ref().and_then(reward::Verdict::component),
+                        &truth,
+                        sites,
+                        w,
+                    ) >= w.loc_function,
                 );
                 if j == 0 {
-                    self.state.history.push((truth.deficiency.clone(), correct));
+                    self.state.history.push((truth.id().to_owned(), correct));
                     if let (Some((h, _)), Some((features, _, _))) =
                         (&self.heads, e.head_choices.first())
                     {
@@ -139,8 +144,7 @@ impl Trainer {
                         healthy_flagged += usize::from(!named);
                         new_head_failures.extend(example);
                     } else {
-                        healthy_flagged +=
-                            usize::from(d.deficiency.as_deref() != Some(truth.deficiency.as_str()));
+                        healthy_flagged += usize::from(!d.names(&truth));
                     }
                 }
                 if let Some((features, action, old_log_prob)) = e.healthy_choices.get(j) {
@@ -338,12 +342,7 @@ impl Trainer {
         for j in 0..take {
             let (t, x) =
                 &self.replay[(mix(seed, step, j as u64, 6) % self.replay.len() as u64) as usize];
-            let truth = reward::Truth {
-                deficiency: t.truth.deficiency_id.clone(),
-                component: t.truth.component.clone(),
-                file: t.truth.file.clone(),
-                function: t.truth.function.clone(),
-            };
+            let truth = t.truth.clone();
             let sites = t
                 .agent
                 .as_deref()
@@ -384,7 +383,7 @@ impl Trainer {
                 .replay
                 .iter()
                 .filter_map(|(t, x)| {
-                    let class = h.types.iter().position(|c| *c == t.truth.deficiency_id)?;
+                    let class = h.types.iter().position(|c| c == t.truth.id())?;
                     Some((x.as_slice(), class))
                 })
                 .collect();

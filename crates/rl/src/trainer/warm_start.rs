@@ -204,7 +204,7 @@ impl Trainer {
         let mut frameworks: Vec<Option<&str>> = Vec::new();
         let mut x: Vec<Vec<f32>> = Vec::new();
         for (t, f) in &self.replay {
-            truths.push(&t.truth.deficiency_id);
+            truths.push(t.truth.id());
             frameworks.push(t.agent.as_deref());
             x.push(f.clone());
         }
@@ -236,7 +236,7 @@ impl Trainer {
 
     /// Supervised warm start on the expert's demonstrations of the corpus's train split.
     pub(super) fn warm_start(&mut self) -> Result<()> {
-        if self.config.detector.decision == Decision::Head {
+        if self.config.detector.decision == DecisionMode::Head {
             return self.warm_start_head();
         }
         let corpus = self.options.root.join(&self.config.eval.corpus);

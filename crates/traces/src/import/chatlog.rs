@@ -136,7 +136,7 @@ pub(super) fn parse(source: &str, text: &str) -> Result<Batch> {
 
     if LABEL_FIELDS.iter().any(|k| root.contains_key(*k)) {
         let mut label = Label::new(trace_id);
-        label.agent = root
+        label.truth.agent = root
             .get("mistake_agent")
             .and_then(Value::as_str)
             .map(str::to_string);
@@ -144,7 +144,7 @@ pub(super) fn parse(source: &str, text: &str) -> Result<Batch> {
             .get("mistake_reason")
             .and_then(Value::as_str)
             .map(str::to_string);
-        label.step = match root.get("mistake_step") {
+        label.truth.step = match root.get("mistake_step") {
             None | Some(Value::Null) => None,
             Some(raw) => Some(value_int(raw).filter(|s| *s >= 0).ok_or_else(|| {
                 bad(
@@ -153,7 +153,7 @@ pub(super) fn parse(source: &str, text: &str) -> Result<Batch> {
                 )
             })?),
         };
-        if let Some(step) = label.step {
+        if let Some(step) = label.truth.step {
             if step as usize >= history.len() {
                 batch.warnings.push(format!(
                     "mistake_step {step} is past the last turn ({} turns)",
@@ -235,7 +235,10 @@ mod tests {
             Some("Orchestrator")
         );
         let label = &batch.labels[0];
-        assert_eq!((label.agent.as_deref(), label.step), (Some("B"), Some(1)));
+        assert_eq!(
+            (label.truth.agent.as_deref(), label.truth.step),
+            (Some("B"), Some(1))
+        );
         let meta = &batch.meta[&tool.trace_id];
         assert!(
             meta.attributes.contains_key("question")

@@ -267,8 +267,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
             let mut healthy: Vec<&Labelled> = fold
                 .iter()
                 .filter(|t| {
-                    t.agent.as_deref() == Some(framework.as_str())
-                        && t.truth.deficiency_id == taxonomy::NONE
+                    t.agent.as_deref() == Some(framework.as_str()) && t.truth.id() == taxonomy::NONE
                 })
                 .collect();
             healthy.sort_by_key(|t| fnv(&t.trace_id));
@@ -399,7 +398,7 @@ impl<'a> Fitted<'a> {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading {}", path.display()))?;
                 let config = rl::RunConfig::parse(&text, path)?;
-                if config.detector.decision != rl::config::Decision::Head {
+                if config.detector.decision != rl::config::DecisionMode::Head {
                     bail!(
                         "{}: `[detector] decision` is not \"head\"; only a decision head's warm start is fitted here",
                         path.display()
@@ -599,7 +598,7 @@ impl Fitted<'_> {
             d.iter().filter(|b| **b).count() as f64 / d.len().max(1) as f64
         };
         let mine = |t: &Labelled| t.agent.as_deref() == Some(framework);
-        let healthy = |t: &Labelled| t.truth.deficiency_id == taxonomy::NONE;
+        let healthy = |t: &Labelled| t.truth.id() == taxonomy::NONE;
         Some(Unfamiliar {
             healthy: share(&|t| mine(t) && healthy(t)),
             deficient: share(&|t| mine(t) && !healthy(t)),
@@ -665,11 +664,11 @@ fn category_detection(
         .iter()
         .filter(|c| !metrics::healthy(c))
         .map(|c| {
-            let truth = category(&c.truth.deficiency_id);
+            let truth = category(c.truth.id());
             let named = c
                 .predicted
                 .as_ref()
-                .and_then(|p| category(&p.deficiency_id));
+                .and_then(|p| p.deficiency_id().and_then(category));
             truth.is_some() && truth == named
         })
         .collect();
@@ -824,14 +823,7 @@ mod tests {
         (0..n)
             .map(|i| Labelled {
                 trace_id: format!("trace-{i:03}"),
-                truth: metrics::Truth {
-                    deficiency_id: "P1".into(),
-                    component: None,
-                    file: None,
-                    function: None,
-                    step: None,
-                    agent: None,
-                },
+                truth: metrics::Truth::deficiency("P1"),
                 agent: Some("toolcaller".into()),
             })
             .collect()

@@ -20,7 +20,7 @@ use taxonomy::Catalog;
 use crate::error::{io, CorpusError};
 use crate::features::TraceFeatures;
 use crate::files::{hex, to_json, write_atomic};
-use crate::keyword;
+use crate::non_trivial;
 use crate::planning::{GenerateOptions, Planned};
 use crate::validate::{self, RunFacts, Validation};
 
@@ -528,7 +528,7 @@ fn run_episode(
     );
     let trace = run_dir.join("trace.jsonl");
     if options.keyword && facts.spans > 0 {
-        validation.non_trivial = Some(keyword::keyword_baseline(&trace, &ep.deficiency));
+        validation.non_trivial = Some(non_trivial::keyword_baseline(&trace, &ep.deficiency));
     }
     m.injected = Some(summary(&facts));
     m.validation = validation;

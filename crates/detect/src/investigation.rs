@@ -10,15 +10,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::action::{self, Action};
-use crate::env::{Config, Investigation, Observation, Role, Status};
+use crate::env::{Actor, Config, Investigation, Observation, Status};
 use crate::error::{Error, Result};
-use crate::history::QueryHistory;
 use crate::prompt::{system_prompt, PromptInput};
+use crate::query_history::QueryHistory;
 use crate::transcript::{now_ns, Outcome, Transcript, TurnRecord};
 
 /// What a policy sees when it acts.
 pub struct View<'a> {
-    pub role: Role,
+    pub role: Actor,
     pub trace_id: &'a str,
     pub task: Option<&'a str>,
     pub chatlog: bool,
@@ -113,14 +113,14 @@ impl Detector {
 /// Plays a main-agent episode on a prepared investigation (needs a multi-threaded runtime).
 pub async fn run_episode(inv: Arc<Investigation>, policy: Box<dyn Policy>) -> Result<Transcript> {
     let counter = Arc::new(AtomicUsize::new(0));
-    run_agent(inv, Role::Main, None, policy, counter).await
+    run_agent(inv, Actor::Main, None, policy, counter).await
 }
 
 type AgentFuture = Pin<Box<dyn Future<Output = Result<Transcript>> + Send>>;
 
 fn run_agent(
     inv: Arc<Investigation>,
-    role: Role,
+    role: Actor,
     task: Option<String>,
     mut policy: Box<dyn Policy>,
     subagents: Arc<AtomicUsize>,
@@ -129,8 +129,8 @@ fn run_agent(
         let tools = inv.tools(role)?;
         let cfg = inv.config();
         let (max_turns, budget) = match role {
-            Role::Main => (cfg.main_max_turns, cfg.main_token_budget),
-            Role::Subagent(_) => (cfg.subagent_max_turns, cfg.subagent_token_budget),
+            Actor::Main => (cfg.main_max_turns, cfg.main_token_budget),
+            Actor::Subagent(_) => (cfg.subagent_max_turns, cfg.subagent_token_budget),
         };
         let prompt = system_prompt(&PromptInput {
             trace_id: inv.trace_id(),
@@ -200,11 +200,11 @@ fn run_agent(
                     record.action = Some(turn.action.clone());
                     match turn.action {
                         Action::Answer { text } => match role {
-                            Role::Subagent(_) => {
+                            Actor::Subagent(_) => {
                                 finished = Some(Outcome::Summary { text });
                                 Observation::new("summary returned to the main agent", Status::Ok)
                             }
-                            Role::Main => match action::parse_verdict(&text, inv.catalog()) {
+                            Actor::Main => match action::parse_verdict(&text, inv.catalog()) {
                                 Ok(verdict) => {
                                     finished = Some(Outcome::Answered { verdict });
                                     Observation::new("verdict recorded; the investigation is over", Status::Ok)
@@ -213,7 +213,7 @@ fn run_agent(
                             },
                         },
                         Action::Delegate { tasks } => {
-                            if role != Role::Main {
+                            if role != Actor::Main {
                                 Observation::new("delegate refused: subagents cannot delegate; investigate yourself", Status::Refused)
                             } else if cfg.ablations.no_subagents {
                                 Observation::new("delegate refused: subagents are disabled in this run", Status::Refused)
@@ -271,7 +271,7 @@ async fn delegate(
         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
         handles.push(tokio::spawn(run_agent(
             Arc::clone(inv),
-            Role::Subagent(n),
+            Actor::Subagent(n),
             Some(task.clone()),
             policy,
             Arc::clone(counter),
