@@ -194,20 +194,22 @@ struct Prepared<'a> {
 impl Prepared<'_> {
     fn spec(&self, task: &Task, seed: u64, out_dir: &Path) -> RunSpec {
         RunSpec {
-            agent: self.agent.name.clone(),
-            package: self.agent.manifest.package.clone(),
-            task: task.clone(),
-            seed,
-            repo_dir: self.repo.clone(),
-            out_dir: out_dir.to_owned(),
             llm_url: self.endpoint.url().to_owned(),
             model: self.options.model.clone(),
-            corpus_dir: self.workspace.corpus_dir(),
             python: self.options.python.clone(),
             timeout: self.options.timeout,
             test_timeout: self.options.test_timeout,
             pycache_dir: self.repo.parent().map(|p| p.join("pycache")),
             python_site: self.agent.python_site(),
+            ..RunSpec::new(
+                self.agent.name.clone(),
+                self.agent.manifest.package.clone(),
+                task.clone(),
+                seed,
+                self.repo.clone(),
+                out_dir,
+                self.workspace.corpus_dir(),
+            )
         }
     }
 }

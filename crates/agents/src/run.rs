@@ -247,6 +247,39 @@ impl AgentCommand {
 }
 
 impl RunSpec {
+    /// A run of `agent` (its Python package `package`) on `task` with `seed`, from `repo_dir`
+    /// into `out_dir`, reading `corpus_dir`. The rest takes [`LocalOptions`]' defaults (the
+    /// scripted model, `python3`, two-minute limits, no bytecode cache, no installed packages)
+    /// and no endpoint yet: whoever chooses the endpoint sets `llm_url`.
+    ///
+    /// [`LocalOptions`]: crate::local::LocalOptions
+    pub fn new(
+        agent: impl Into<String>,
+        package: impl Into<String>,
+        task: Task,
+        seed: u64,
+        repo_dir: impl Into<PathBuf>,
+        out_dir: impl Into<PathBuf>,
+        corpus_dir: impl Into<PathBuf>,
+    ) -> RunSpec {
+        RunSpec {
+            agent: agent.into(),
+            package: package.into(),
+            task,
+            seed,
+            repo_dir: repo_dir.into(),
+            out_dir: out_dir.into(),
+            llm_url: String::new(),
+            model: DEFAULT_MODEL.into(),
+            corpus_dir: corpus_dir.into(),
+            python: "python3".into(),
+            timeout: Duration::from_secs(120),
+            test_timeout: Duration::from_secs(120),
+            pycache_dir: None,
+            python_site: None,
+        }
+    }
+
     pub fn layout(&self) -> RunLayout {
         RunLayout::new(&self.out_dir)
     }

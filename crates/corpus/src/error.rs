@@ -25,7 +25,7 @@ pub enum CorpusError {
     #[error(transparent)]
     History(#[from] agents::history::HistoryError),
     #[error("{0}")]
-    Template(#[from] inject::TemplateProblem),
+    Template(#[from] taxonomy::Problem),
     #[error("trace store {path}")]
     Store {
         path: PathBuf,

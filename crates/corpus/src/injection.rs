@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agents::process::ProcessEnd;
-use agents::run;
+use agents::run::RunSpec;
 use agents::{Agent, RunOutcome, Task, Workspace};
 use inject::{template, Location, Options};
 use runner::{EpisodeError, EpisodeOutcome, EpisodeSpec, Executor, Limits, LlmChoice};
@@ -109,24 +109,28 @@ impl Runner {
         out_dir: &Path,
         timeout: Duration,
     ) -> EpisodeSpec {
-        EpisodeSpec {
+        let run = RunSpec {
+            python_site: agent.python_site(),
+            ..RunSpec::new(
+                agent.name.clone(),
+                agent.manifest.package.clone(),
+                task.clone(),
+                self.options.seed,
+                repo,
+                out_dir,
+                self.workspace.corpus_dir(),
+            )
+        };
+        EpisodeSpec::new(
             id,
-            agent: agent.name.clone(),
-            package: agent.manifest.package.clone(),
-            task: task.clone(),
-            seed: self.options.seed,
-            repo_dir: repo.to_owned(),
-            out_dir: out_dir.to_owned(),
-            corpus_dir: self.workspace.corpus_dir(),
-            llm_socket: self.executor.llm_socket().to_owned(),
-            model: run::DEFAULT_MODEL.into(),
-            limits: Limits {
+            run,
+            self.executor.llm_socket().to_owned(),
+            Limits {
                 timeout,
                 test_timeout: timeout,
                 ..Limits::default()
             },
-            python_site: agent.python_site(),
-        }
+        )
     }
 
     /// Runs (or reuses) the clean run of `task`.

@@ -18,7 +18,8 @@ use git2::{
 use serde::Serialize;
 
 use crate::python;
-use crate::template::{bad_relative_path, Strategy, Template, TemplateProblem};
+use crate::template::{bad_relative_path, Strategy, Template};
+use taxonomy::Problem;
 
 /// The author and committer of injection commits.
 const INJECTOR: (&str, &str) = ("Pathfinder Injector", "injector@example.org");
@@ -29,7 +30,7 @@ const COMMIT_DELAY_SECONDS: i64 = 3600;
 pub enum InjectError {
     /// The template does not fit the code (or is invalid); names the file and field.
     #[error("{0}")]
-    Template(TemplateProblem),
+    Template(Problem),
     /// A free-form diff was rejected; the reason says which file or hunk.
     #[error("diff rejected: {0}")]
     Rejected(String),
@@ -176,7 +177,7 @@ pub fn apply_template(
     let base = head_commit(repo)?;
     let base_tree = base.tree().map_err(git("HEAD's tree"))?;
     let problem = |field: &str, reason: String| {
-        InjectError::Template(TemplateProblem::new(&template.path, Some(field), reason))
+        InjectError::Template(Problem::new(&template.path, Some(field), reason))
     };
     let (new_tree, mut edits) = match template.strategy {
         Strategy::History => {
@@ -301,7 +302,7 @@ fn edit_tree(
     template: &Template,
 ) -> Result<(Oid, Vec<Location>), InjectError> {
     let problem = |field: String, reason: String| {
-        InjectError::Template(TemplateProblem::new(&template.path, Some(&field), reason))
+        InjectError::Template(Problem::new(&template.path, Some(&field), reason))
     };
     let mut files: BTreeMap<String, (String, FileMode)> = BTreeMap::new();
     let mut edits: Vec<Location> = Vec::new();

@@ -15,4 +15,4 @@ pub mod template;
 pub use artifact::{inject_diff, inject_template, load_agent, Artifact};
 pub use coverage::{check_templates, Checked, Coverage};
 pub use engine::{apply_diff, apply_template, InjectError, Injection, Location, Options};
-pub use template::{load_dir, Edit, Strategy, Template, TemplateProblem};
+pub use template::{load_dir, Edit, Strategy, Template};

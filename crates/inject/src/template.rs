@@ -6,46 +6,10 @@
 //! text occurs once inside `function`, the result still parses) happen when the template is
 //! applied, in [`crate::engine`], and name the template file and field the same way.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use taxonomy::Catalog;
-
-/// One thing wrong with a template: the file, the field and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateProblem {
-    pub file: PathBuf,
-    pub field: Option<String>,
-    pub reason: String,
-}
-
-impl TemplateProblem {
-    pub fn new(file: &Path, field: Option<&str>, reason: impl Into<String>) -> TemplateProblem {
-        TemplateProblem {
-            file: file.to_owned(),
-            field: field.map(str::to_owned),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for TemplateProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.field {
-            Some(field) => write!(
-                f,
-                "{}: field `{}`: {}",
-                self.file.display(),
-                field,
-                self.reason
-            ),
-            None => write!(f, "{}: {}", self.file.display(), self.reason),
-        }
-    }
-}
-
-impl std::error::Error for TemplateProblem {}
+use taxonomy::{Catalog, Problem};
 
 /// How a template plants its deficiency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -141,20 +105,20 @@ fn is_kebab(s: &str) -> bool {
 }
 
 /// Parses and checks one template file against the catalog (not against the code).
-pub fn load(path: &Path, catalog: &Catalog) -> Result<Template, TemplateProblem> {
+pub fn load(path: &Path, catalog: &Catalog) -> Result<Template, Problem> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| TemplateProblem::new(path, None, format!("cannot read: {e}")))?;
+        .map_err(|e| Problem::new(path, None, format!("cannot read: {e}")))?;
     parse(path, &text, catalog)
 }
 
 /// [`load`] on text already read; `path` is used for the name checks and in errors.
-pub fn parse(path: &Path, text: &str, catalog: &Catalog) -> Result<Template, TemplateProblem> {
+pub fn parse(path: &Path, text: &str, catalog: &Catalog) -> Result<Template, Problem> {
     let file: TemplateFile = toml::from_str(text).map_err(|e| {
         // toml's message names the key and the line; keep it on one line.
         let msg = e.to_string().replace('\n', " ");
-        TemplateProblem::new(path, None, format!("not a valid template: {msg}"))
+        Problem::new(path, None, format!("not a valid template: {msg}"))
     })?;
-    let bad = |field: &str, reason: String| TemplateProblem::new(path, Some(field), reason);
+    let bad = |field: &str, reason: String| Problem::new(path, Some(field), reason);
     let deficiency = catalog
         .get(&file.deficiency)
         .ok_or_else(|| {
@@ -352,7 +316,7 @@ fn tokens(text: &str) -> Vec<&str> {
 
 /// Every template under `dir` (`dir/AGENT/*.toml`), sorted by agent then file name. Every
 /// problem found is returned, not just the first.
-pub fn load_dir(dir: &Path, catalog: &Catalog) -> Result<Vec<Template>, Vec<TemplateProblem>> {
+pub fn load_dir(dir: &Path, catalog: &Catalog) -> Result<Vec<Template>, Vec<Problem>> {
     let mut templates = Vec::new();
     let mut problems = Vec::new();
     let mut agent_dirs: Vec<PathBuf> = match std::fs::read_dir(dir) {
@@ -362,7 +326,7 @@ pub fn load_dir(dir: &Path, catalog: &Catalog) -> Result<Vec<Template>, Vec<Temp
             .filter(|p| p.is_dir())
             .collect(),
         Err(e) => {
-            return Err(vec![TemplateProblem::new(
+            return Err(vec![Problem::new(
                 dir,
                 None,
                 format!("cannot read the templates directory: {e}"),
@@ -378,11 +342,7 @@ pub fn load_dir(dir: &Path, catalog: &Catalog) -> Result<Vec<Template>, Vec<Temp
                 .filter(|p| p.extension().is_some_and(|x| x == "toml"))
                 .collect(),
             Err(e) => {
-                problems.push(TemplateProblem::new(
-                    &agent_dir,
-                    None,
-                    format!("cannot read: {e}"),
-                ));
+                problems.push(Problem::new(&agent_dir, None, format!("cannot read: {e}")));
                 continue;
             }
         };
@@ -408,12 +368,12 @@ pub fn load_for(
     agent: &str,
     deficiency: &str,
     catalog: &Catalog,
-) -> Result<Vec<Template>, TemplateProblem> {
+) -> Result<Vec<Template>, Problem> {
     let id = catalog
         .get(deficiency)
         .map(|d| d.id.clone())
         .ok_or_else(|| {
-            TemplateProblem::new(
+            Problem::new(
                 dir,
                 None,
                 format!("{deficiency:?} is not a catalog id (P1–P27, C1–C23)"),
@@ -423,13 +383,7 @@ pub fn load_for(
     let entries = match std::fs::read_dir(&agent_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(TemplateProblem::new(
-                &agent_dir,
-                None,
-                format!("cannot read: {e}"),
-            ))
-        }
+        Err(e) => return Err(Problem::new(&agent_dir, None, format!("cannot read: {e}"))),
     };
     let prefix = format!("{id}-");
     let mut files: Vec<PathBuf> = entries
@@ -465,7 +419,7 @@ find = "a\n"
 replace = "b\n"
 "#;
 
-    fn parse_at(name: &str, text: &str) -> Result<Template, TemplateProblem> {
+    fn parse_at(name: &str, text: &str) -> Result<Template, Problem> {
         let catalog = Catalog::embedded().unwrap();
         parse(&Path::new("t/demo").join(name), text, &catalog)
     }

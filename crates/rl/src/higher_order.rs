@@ -12,8 +12,8 @@ use detect::{Action, Transcript, Verdict};
 use policy::{ChoiceGrammar, Conversation, PolicyModel};
 use serde::{Deserialize, Serialize};
 
-use crate::reward::Truth;
 use crate::Result;
+use traces::Truth;
 
 /// Characters of each step's call and observation shown in a review.
 const STEP_CHARS: usize = 160;

@@ -145,8 +145,16 @@ async fn main() {
             );
             specs.truncate(episodes);
             // One warm-up episode (page cache, image layers) outside the measurement.
-            let mut warm = specs[0].clone();
-            warm.out_dir = dir.join("warmup");
+            let first = &specs[0];
+            let warm = runner::EpisodeSpec::new(
+                first.id(),
+                agents::run::RunSpec {
+                    out_dir: dir.join("warmup"),
+                    ..first.run().clone()
+                },
+                first.llm_socket().to_owned(),
+                first.limits().clone(),
+            );
             let _ = runner::run_episode(backend, &warm, &Cancel::new()).await;
             let f = measure(backend.clone(), specs, concurrency).await;
             println!(

@@ -63,7 +63,7 @@ pub async fn run_batch(
         let cancel = cancel.clone();
         let progress = progress.clone();
         set.spawn(async move {
-            let id = spec.id.clone();
+            let id = spec.id().to_owned();
             let permit = tokio::select! {
                 p = semaphore.acquire_owned() => p.expect("the semaphore is never closed"),
                 _ = cancel.cancelled() => return (index, Err(EpisodeError::Cancelled { id })),
@@ -96,7 +96,7 @@ pub async fn run_batch(
             .map(|(o, spec)| {
                 o.unwrap_or_else(|| {
                     Err(EpisodeError::Sandbox {
-                        id: spec.id.clone(),
+                        id: spec.id().to_owned(),
                         reason: "the episode's task panicked".into(),
                     })
                 })

@@ -142,7 +142,7 @@ impl DockerBackend {
             corpus: CORPUS_DIR.into(),
             llm_socket: LLM_SOCKET.into(),
             audit_dir: AUDIT_DIR.into(),
-            python_site: spec.python_site.as_ref().map(|_| SITE_DIR.into()),
+            python_site: spec.run().python_site.as_ref().map(|_| SITE_DIR.into()),
         }
     }
 
@@ -214,7 +214,7 @@ impl DockerBackend {
             read_only: Some(read_only),
             ..Default::default()
         };
-        let limits = &spec.limits;
+        let limits = &spec.limits();
         // A backstop for the case the orchestrator is killed outright and cannot enforce the
         // deadline: the container ends itself a little after it.
         let backstop = (job.timeout + Duration::from_secs(30))
@@ -225,7 +225,7 @@ impl DockerBackend {
         let labels = HashMap::from([
             (LABEL_PROJECT.to_string(), "1".to_string()),
             (LABEL_RUNNER.to_string(), "1".to_string()),
-            (LABEL_EPISODE.to_string(), spec.id.clone()),
+            (LABEL_EPISODE.to_string(), spec.id().to_owned()),
             (LABEL_BATCH.to_string(), self.batch.clone()),
             (LABEL_OWNER_PID.to_string(), std::process::id().to_string()),
             (LABEL_ROLE.to_string(), job.role.to_string()),
@@ -243,14 +243,15 @@ impl DockerBackend {
                 readonly_rootfs: Some(true),
                 mounts: Some(
                     [
-                        bind(&spec.repo_dir, AGENT_DIR, true),
-                        bind(&spec.corpus_dir, CORPUS_DIR, true),
-                        bind(&spec.out_dir, EPISODE_DIR, false),
-                        bind(&spec.llm_socket, LLM_SOCKET, false),
+                        bind(&spec.run().repo_dir, AGENT_DIR, true),
+                        bind(&spec.run().corpus_dir, CORPUS_DIR, true),
+                        bind(&spec.run().out_dir, EPISODE_DIR, false),
+                        bind(spec.llm_socket(), LLM_SOCKET, false),
                     ]
                     .into_iter()
                     .chain(
-                        spec.python_site
+                        spec.run()
+                            .python_site
                             .as_ref()
                             .map(|site| bind(site, SITE_DIR, true)),
                     )
@@ -282,10 +283,10 @@ impl DockerBackend {
         let Some(uid) = self.chown_to else {
             return Ok(());
         };
-        chown_tree(&spec.out_dir, uid).map_err(|e| {
+        chown_tree(&spec.run().out_dir, uid).map_err(|e| {
             format!(
                 "{}: cannot chown for the container: {e}",
-                spec.out_dir.display()
+                spec.run().out_dir.display()
             )
         })
     }

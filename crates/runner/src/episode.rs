@@ -56,9 +56,9 @@ pub async fn run_episode(
     cancel: &Cancel,
 ) -> Result<EpisodeOutcome, EpisodeError> {
     let started = Instant::now();
-    let id = spec.id.clone();
-    let run_spec = spec.run_spec();
-    reset_out_dir(&id, &spec.out_dir)?;
+    let id = spec.id().to_owned();
+    let run_spec = spec.run().clone();
+    reset_out_dir(&id, &spec.run().out_dir)?;
     let layout = {
         let run_spec = run_spec.clone();
         tokio::task::spawn_blocking(move || run::prepare(&run_spec))
@@ -85,7 +85,7 @@ pub async fn run_episode(
         argv,
         env: env.clone(),
         cwd: paths.repo.clone(),
-        timeout: spec.limits.timeout,
+        timeout: spec.limits().timeout,
         stdout: layout.stdout.clone(),
         stderr: layout.stderr.clone(),
     };
@@ -102,17 +102,17 @@ pub async fn run_episode(
     if agent.cancelled {
         return Err(EpisodeError::Cancelled { id });
     }
-    let collected = run::collect(&layout, spec.task.id());
+    let collected = run::collect(&layout, spec.run().task.id());
     let until_collected = started.elapsed();
 
-    let judgement = match &spec.task {
+    let judgement = match &spec.run().task {
         Task::Swe(task) if agent.end == ProcessEnd::Exited(0) && collected.result.is_some() => {
             let tests = Job {
                 role: "tests",
                 argv: vec!["sh".into(), "-c".into(), task.test_command.clone()],
                 env,
                 cwd: paths.layout().task_repo(),
-                timeout: spec.limits.test_timeout,
+                timeout: spec.limits().test_timeout,
                 stdout: layout.tests_log.clone(),
                 stderr: layout.tests_log.clone(),
             };
@@ -155,10 +155,10 @@ pub async fn run_episode(
         filesystem_attempts: audit.filesystem,
     };
     let run = RunOutcome {
-        agent: spec.agent.clone(),
-        task_id: spec.task.id().to_owned(),
-        seed: spec.seed,
-        out_dir: spec.out_dir.clone(),
+        agent: spec.run().agent.clone(),
+        task_id: spec.run().task.id().to_owned(),
+        seed: spec.run().seed,
+        out_dir: spec.run().out_dir.clone(),
         trace: layout.trace.clone(),
         command: command.shell_line(),
         end: agent.end,
@@ -174,7 +174,7 @@ pub async fn run_episode(
         isolation: backend.isolation(),
         run,
         containment,
-        limits: spec.limits.clone(),
+        limits: spec.limits().clone(),
         timing: Timing {
             until_collected_ms: ms(until_collected),
             agent_ms,

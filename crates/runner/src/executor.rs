@@ -154,7 +154,7 @@ impl Executor {
     pub fn run(&self, spec: &EpisodeSpec) -> Result<EpisodeOutcome, EpisodeError> {
         if self.cancel.is_cancelled() {
             return Err(EpisodeError::Cancelled {
-                id: spec.id.clone(),
+                id: spec.id().to_owned(),
             });
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);

@@ -134,12 +134,12 @@ impl LocalBackend {
 
     pub fn sandbox_paths(&self, spec: &EpisodeSpec) -> SandboxPaths {
         SandboxPaths {
-            repo: spec.repo_dir.clone(),
-            out_dir: spec.out_dir.clone(),
-            corpus: spec.corpus_dir.clone(),
-            llm_socket: spec.llm_socket.clone(),
+            repo: spec.run().repo_dir.clone(),
+            out_dir: spec.run().out_dir.clone(),
+            corpus: spec.run().corpus_dir.clone(),
+            llm_socket: spec.llm_socket().to_owned(),
             audit_dir: self.hook_dir.path().to_owned(),
-            python_site: spec.python_site.clone(),
+            python_site: spec.run().python_site.clone(),
         }
     }
 
@@ -186,15 +186,19 @@ impl LocalBackend {
                 );
                 // After the private /tmp, so that episode paths under /tmp stay visible.
                 let ro = [
-                    &spec.repo_dir,
-                    &spec.corpus_dir,
+                    &spec.run().repo_dir,
+                    &spec.run().corpus_dir,
                     &self.hook_dir.path().to_owned(),
                 ];
-                for p in ro.into_iter().chain(&spec.python_site) {
+                for p in ro.into_iter().chain(&spec.run().python_site) {
                     argv.extend(["--ro-bind".into(), s(p), s(p)]);
                 }
-                argv.extend(["--bind".into(), s(&spec.out_dir), s(&spec.out_dir)]);
-                argv.extend(["--bind".into(), s(&spec.llm_socket), s(&spec.llm_socket)]);
+                argv.extend([
+                    "--bind".into(),
+                    s(&spec.run().out_dir),
+                    s(&spec.run().out_dir),
+                ]);
+                argv.extend(["--bind".into(), s(spec.llm_socket()), s(spec.llm_socket())]);
                 argv.extend(["--chdir".into(), s(&job.cwd), "--".into()]);
             }
             Namespaces::Unshare(unshare) => {
@@ -249,7 +253,12 @@ impl LocalBackend {
             open(&job.stderr)?
         };
         let cgroup = match &self.pids_cgroup {
-            Some(root) => Some(Cgroup::create(root, &spec.id, job.role, spec.limits.pids)?),
+            Some(root) => Some(Cgroup::create(
+                root,
+                spec.id(),
+                job.role,
+                spec.limits().pids,
+            )?),
             None => None,
         };
         let mut cmd = self.command(spec, job);
@@ -259,9 +268,9 @@ impl LocalBackend {
             .process_group(0)
             .kill_on_drop(true);
         let limits = Rlimits {
-            address_space: spec.limits.memory_bytes,
+            address_space: spec.limits().memory_bytes,
             file_size: 1 << 30,
-            nproc: (cgroup.is_none() && !self.is_root).then_some(spec.limits.pids as u64),
+            nproc: (cgroup.is_none() && !self.is_root).then_some(spec.limits().pids as u64),
             cgroup_procs: cgroup.as_ref().map(|c| c.procs.as_raw_fd()),
         };
         // SAFETY: the closure only makes async-signal-safe system calls (setrlimit, prctl,

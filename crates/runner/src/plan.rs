@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use agents::run::RunSpec;
 use agents::{Agent, Task, Workspace};
 
 use crate::spec::{EpisodeSpec, Limits};
@@ -72,20 +73,25 @@ pub fn episode_specs(
     for task in tasks {
         for &seed in seeds {
             let id = format!("{}-{}-s{seed}", agent.name, task.id());
-            specs.push(EpisodeSpec {
-                out_dir: out.join("runs").join(format!("{}-s{seed}", task.id())),
-                id,
-                agent: agent.name.clone(),
-                package: agent.manifest.package.clone(),
-                task: task.clone(),
-                seed,
-                repo_dir: repo_dir.to_owned(),
-                corpus_dir: workspace.corpus_dir(),
-                llm_socket: llm_socket.to_owned(),
+            let run = RunSpec {
                 model: model.to_owned(),
-                limits: limits.clone(),
                 python_site: agent.python_site(),
-            });
+                ..RunSpec::new(
+                    agent.name.clone(),
+                    agent.manifest.package.clone(),
+                    task.clone(),
+                    seed,
+                    repo_dir,
+                    out.join("runs").join(format!("{}-s{seed}", task.id())),
+                    workspace.corpus_dir(),
+                )
+            };
+            specs.push(EpisodeSpec::new(
+                id,
+                run,
+                llm_socket.to_owned(),
+                limits.clone(),
+            ));
         }
     }
     specs

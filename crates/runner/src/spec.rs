@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use agents::process::ProcessEnd;
 use agents::run::{self, AgentCommand, CommandInputs, RunLayout, RunOutcome, RunSpec};
-use agents::Task;
 use serde::{Deserialize, Serialize};
 
 /// What a job past its time limit gets between SIGTERM and SIGKILL: time to end its open
@@ -62,56 +61,69 @@ impl Default for Limits {
     }
 }
 
-/// Everything one episode needs, in host paths.
+/// Everything one episode needs, in host paths: the run itself, as the agents crate prepares
+/// and judges it, and what the sandbox adds (a name, the socket that is its only way out, its
+/// limits). The sandbox decides part of the run, so the parts are only put together by
+/// [`EpisodeSpec::new`].
 #[derive(Debug, Clone)]
 pub struct EpisodeSpec {
-    /// Unique within a batch; names the sandbox (container label) and the progress line.
-    pub id: String,
-    pub agent: String,
-    /// `python3 -m PACKAGE`.
-    pub package: String,
-    pub task: Task,
-    pub seed: u64,
-    /// The agent's repository (clean materialisation or an injected artifact); read-only.
-    pub repo_dir: PathBuf,
-    /// The episode's run directory ([`RunLayout`] plus `audit.jsonl`).
-    pub out_dir: PathBuf,
-    /// `agents/tasks/corpus`; read-only.
-    pub corpus_dir: PathBuf,
-    /// The host Unix socket of the LLM endpoint: the sandbox's only way out.
-    pub llm_socket: PathBuf,
-    pub model: String,
-    pub limits: Limits,
-    /// The installed third-party packages of an agent built on a framework
-    /// (`agents::vendor`); read-only, on `PYTHONPATH` after the audit hook.
-    pub python_site: Option<PathBuf>,
+    id: String,
+    run: RunSpec,
+    llm_socket: PathBuf,
+    limits: Limits,
 }
 
 impl EpisodeSpec {
-    /// The agents crate's view of the run, in host paths (for preparing and judging).
-    pub fn run_spec(&self) -> RunSpec {
-        RunSpec {
-            agent: self.agent.clone(),
-            package: self.package.clone(),
-            task: self.task.clone(),
-            seed: self.seed,
-            repo_dir: self.repo_dir.clone(),
-            out_dir: self.out_dir.clone(),
-            llm_url: format!("unix:{}", self.llm_socket.display()),
-            model: self.model.clone(),
-            corpus_dir: self.corpus_dir.clone(),
+    /// Episode `id` of `run` in a sandbox under `limits` whose only way out is `llm_socket`.
+    /// The sandbox sets the run's endpoint (the socket's `unix:` URL), its time limits
+    /// (`limits`'), its interpreter (`python3` inside the image) and no bytecode cache
+    /// (sandboxes share no writable state; the image's standard library has its own,
+    /// read-only); the rest of `run` (repository, task, seed, model, installed packages) is the
+    /// caller's.
+    pub fn new(
+        id: impl Into<String>,
+        run: RunSpec,
+        llm_socket: PathBuf,
+        limits: Limits,
+    ) -> EpisodeSpec {
+        let run = RunSpec {
+            llm_url: format!("unix:{}", llm_socket.display()),
+            timeout: limits.timeout,
+            test_timeout: limits.test_timeout,
             python: "python3".into(),
-            timeout: self.limits.timeout,
-            test_timeout: self.limits.test_timeout,
-            // Sandboxes share no writable state: no bytecode cache (the image's standard
-            // library has its own, read-only).
             pycache_dir: None,
-            python_site: self.python_site.clone(),
+            ..run
+        };
+        EpisodeSpec {
+            id: id.into(),
+            run,
+            llm_socket,
+            limits,
         }
     }
 
+    /// Unique within a batch; names the sandbox (container label) and the progress line.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The run, in host paths (for preparing and judging it, and for the command a backend
+    /// maps into its sandbox).
+    pub fn run(&self) -> &RunSpec {
+        &self.run
+    }
+
+    /// The host Unix socket of the LLM endpoint.
+    pub fn llm_socket(&self) -> &Path {
+        &self.llm_socket
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     pub fn audit_log(&self) -> PathBuf {
-        self.out_dir.join("audit.jsonl")
+        self.run.out_dir.join("audit.jsonl")
     }
 }
 
@@ -350,16 +362,16 @@ pub fn agent_command(spec: &EpisodeSpec, paths: &SandboxPaths) -> AgentCommand {
     let layout = paths.layout();
     AgentCommand::build(&CommandInputs {
         python: "python3",
-        package: &spec.package,
-        agent: &spec.agent,
-        task_id: spec.task.id(),
+        package: &spec.run().package,
+        agent: &spec.run().agent,
+        task_id: spec.run().task.id(),
         repo_dir: &paths.repo,
         task_file: &layout.task_file,
         workdir: &layout.workdir,
         trace: &layout.trace,
-        seed: spec.seed,
+        seed: spec.run().seed,
         llm_url: &format!("unix:{}", paths.llm_socket.display()),
-        model: &spec.model,
+        model: &spec.run().model,
         corpus: &paths.corpus,
         pycache: None,
     })

@@ -38,7 +38,7 @@ async fn whole_suite(backend: Backend) {
         &runner::Limits::default(),
     );
     assert!(
-        specs[0].python_site.is_some(),
+        specs[0].run().python_site.is_some(),
         "AG2's dependencies are mounted"
     );
     let report = run_batch(

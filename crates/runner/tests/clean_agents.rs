@@ -159,7 +159,7 @@ async fn an_http_endpoint_is_reached_through_a_socket_forwarder() {
             all: true,
             filters: Some(std::collections::HashMap::from([(
                 "label".to_string(),
-                vec![format!("pathfinder.episode={}", specs[0].id)],
+                vec![format!("pathfinder.episode={}", specs[0].id())],
             )])),
             ..Default::default()
         }))

@@ -34,6 +34,18 @@ pub struct Problem {
     pub reason: String,
 }
 
+impl Problem {
+    pub fn new(file: &Path, field: Option<&str>, reason: impl Into<String>) -> Problem {
+        Problem {
+            file: file.to_owned(),
+            field: field.map(str::to_owned),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::error::Error for Problem {}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.field {

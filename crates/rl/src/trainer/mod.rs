@@ -699,7 +699,7 @@ type Investigations = (
 fn review_example(
     h: &DecisionHead,
     features: &[f32],
-    truth: &reward::Truth,
+    truth: &traces::Truth,
     agent: &str,
     keep_named: bool,
 ) -> (Option<head::Failure>, bool) {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agents::run::RunSpec;
 use agents::tasks::{AnswerType, GaiaTask};
 use agents::{Task, Workspace};
 use runner::{Backend, EpisodeSpec, ImageInputs, Limits, LlmChoice, LlmEndpoint};
@@ -76,26 +77,31 @@ impl Scratch {
 
     /// An episode of the hostile fixture `package`.
     pub fn spec(&self, package: &str, limits: Limits) -> EpisodeSpec {
-        EpisodeSpec {
-            id: format!("fixture-{package}"),
-            agent: package.into(),
-            package: package.into(),
-            task: Task::Gaia(GaiaTask {
-                id: "fixture-001".into(),
-                question: "misbehave".into(),
-                answer: "contained".into(),
-                answer_type: AnswerType::Exact,
-                tools: vec![],
-            }),
-            seed: 1,
-            repo_dir: fixtures(),
-            out_dir: self.dir.path().join("runs").join(package),
-            corpus_dir: self.dir.path().join("tasks/corpus"),
-            llm_socket: self.endpoint.socket().to_owned(),
+        let task = Task::Gaia(GaiaTask {
+            id: "fixture-001".into(),
+            question: "misbehave".into(),
+            answer: "contained".into(),
+            answer_type: AnswerType::Exact,
+            tools: vec![],
+        });
+        let run = RunSpec {
             model: "pathfinder-scripted".into(),
+            ..RunSpec::new(
+                package,
+                package,
+                task,
+                1,
+                fixtures(),
+                self.dir.path().join("runs").join(package),
+                self.dir.path().join("tasks/corpus"),
+            )
+        };
+        EpisodeSpec::new(
+            format!("fixture-{package}"),
+            run,
+            self.endpoint.socket().to_owned(),
             limits,
-            python_site: None,
-        }
+        )
     }
 }
 
