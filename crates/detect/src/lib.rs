@@ -4,7 +4,7 @@
 //! - [`sql`]: one SELECT at a time on a guarded read-only connection to the trace store.
 //! - [`shell`] + [`sandbox`]: allowlisted pipelines over the exported trace files, parsed here
 //!   and run in bubblewrap sandboxes (no shell, no network, read-only files, rlimits).
-//! - [`history`]: the query history; [`episode`]: turns, subagents, limits; [`transcript`]:
+//! - [`query_history`]: the query history; [`investigation`]: turns, subagents, limits; [`transcript`]:
 //!   what an episode leaves, convertible to trace spans.
 //! - [`action`]: the one text format every policy writes.
 //! - [`probes`]: named SQL measurements whose rows are their own compact digest.

@@ -7,7 +7,7 @@
 //! - [`grammar`]: token tries and the Detector's action grammar (constrained decoding), so a
 //!   small model always writes a well-formed call and a valid answer.
 //! - [`detector`]: [`LearnedDetector`], a `detect::Policy` over a shared [`PolicyModel`].
-//! - [`batch`]: [`TurnBatcher`], several learned investigations decoded together, a row each
+//! - [`batched_decoding`]: [`TurnBatcher`], several learned investigations decoded together, a row each
 //!   in one KV cache.
 //! - [`injector`]: the Injector's choice among the engine's valid injections.
 //! - [`decision`]: the Detector's answer as one whole choice: the probe battery's digests

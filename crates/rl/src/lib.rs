@@ -6,13 +6,14 @@
 //! investigates the traces already produced; [`reward`] scores both roles; [`ppo::update`]
 //! updates each role's adapter. Failed investigations become [`higher_order`] examples mixed
 //! into later batches. [`checkpoint`] writes everything a run needs to continue exactly;
-//! [`metrics`] appends one JSON line per step.
+//! [`run_log`] appends one JSON line per step and per held-out evaluation.
 //!
 //! Invariants: the base model is never trained (only adapter variables reach the optimizer);
 //! a checkpoint directory is complete or absent (written under a temporary name, then
 //! renamed); all randomness of a step derives from (run seed, step), so a resumed run repeats
-//! an uninterrupted one; depends on `model`, `policy`, `detect`, `traces`, `corpus`,
-//! `inject`, `agents` and `taxonomy`.
+//! an uninterrupted one; a truth is `traces::Truth` and an answer `detect::Verdict`, as
+//! everywhere; depends on `model`, `collective`, `policy`, `detect`, `traces`, `corpus`,
+//! `runner`, `eval`, `linear`, `inject`, `agents` and `taxonomy`.
 
 pub mod checkpoint;
 pub mod config;
