@@ -278,8 +278,8 @@ fn the_expert_blames_every_chat_log_with_its_tools() {
         let log: Value = serde_json::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
         let history = log["history"].as_array().unwrap();
         let (agent, step) = (
-            c["predicted"][0].as_str().expect("an answer"),
-            c["predicted"][1].as_i64().unwrap(),
+            c["predicted"]["agent"].as_str().expect("an answer"),
+            c["predicted"]["step"].as_i64().unwrap(),
         );
         let turn = &history[step as usize];
         let name = turn["name"]
