@@ -336,6 +336,21 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// A deficiency at a component, with no step or code location named.
+    pub fn deficiency(
+        deficiency_id: impl Into<String>,
+        component: impl Into<String>,
+        evidence: impl Into<String>,
+    ) -> Verdict {
+        Verdict::Deficiency {
+            deficiency_id: deficiency_id.into(),
+            component: component.into(),
+            step: None,
+            location: None,
+            evidence: evidence.into(),
+        }
+    }
+
     /// The named taxonomy id (`none` for a healthy answer); `None` for blame.
     pub fn deficiency_id(&self) -> Option<&str> {
         match self {
@@ -446,13 +461,7 @@ pub fn parse_verdict(text: &str, catalog: &taxonomy::Catalog) -> Result<Verdict,
                 words.len()
             )),
         }
-        .map(|()| Verdict::Deficiency {
-            deficiency_id: taxonomy::NONE.into(),
-            component: taxonomy::NONE.into(),
-            step: None,
-            location: None,
-            evidence,
-        });
+        .map(|()| Verdict::deficiency(taxonomy::NONE, taxonomy::NONE, evidence));
     }
     const FORM: &str = "write `answer: ID COMPONENT | evidence`, optionally with `@step N` and `@at FILE:FUNCTION` before the `|` (e.g. `answer: P16 tools.schema @step 3 @at app/tools.py:lookup | …`)";
     let (id, component, rest) = match words.as_slice() {

@@ -101,6 +101,12 @@ impl Transcript {
         }
     }
 
+    /// The verdict when it names a deficiency (or `none`); a blame answer names no type, so
+    /// detection scores and rewards read it as no answer.
+    pub fn deficiency_verdict(&self) -> Option<&Verdict> {
+        self.verdict().filter(|v| v.deficiency_id().is_some())
+    }
+
     /// Human-readable rendering of the whole investigation (the CLI's `--transcript`).
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -448,13 +448,7 @@ mod tests {
     }
 
     fn answer(id: &str, component: &str) -> Verdict {
-        Verdict::Deficiency {
-            deficiency_id: id.into(),
-            component: component.into(),
-            step: None,
-            location: None,
-            evidence: String::new(),
-        }
+        Verdict::deficiency(id, component, "")
     }
 
     /// The code location of a case's (deficiency) answer, made empty if it names none.

@@ -406,10 +406,7 @@ pub fn run_policies_transcribed(
 /// Scores one investigation of `t`.
 pub fn case_of(t: &Labelled, transcript: &Transcript) -> Case {
     // Blame answers are scored by the chat-log evaluation, not here.
-    let predicted = transcript
-        .verdict()
-        .filter(|v| v.deficiency_id().is_some())
-        .cloned();
+    let predicted = transcript.deficiency_verdict().cloned();
     Case {
         trace_id: t.trace_id.clone(),
         truth: t.truth.clone(),

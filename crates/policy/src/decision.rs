@@ -451,13 +451,7 @@ impl DecisionHead {
             ),
             None => format!("the probe digests above, p = {p:.2}"),
         };
-        Verdict::Deficiency {
-            deficiency_id: t.clone(),
-            component: c.to_owned(),
-            step: None,
-            location: None,
-            evidence,
-        }
+        Verdict::deficiency(t, c, evidence)
     }
 
     /// The `answer:` line of a choice.

@@ -131,13 +131,7 @@ mod tests {
     /// An answer naming `id` at `component` after `tool_calls` calls.
     fn answer_at(id: &str, component: &str, tool_calls: usize) -> Answered {
         Answered {
-            verdict: Some(Verdict::Deficiency {
-                deficiency_id: id.into(),
-                component: component.into(),
-                step: None,
-                location: None,
-                evidence: String::new(),
-            }),
+            verdict: Some(Verdict::deficiency(id, component, "")),
             tool_calls,
         }
     }

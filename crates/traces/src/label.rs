@@ -7,12 +7,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The deficiency id of a healthy run.
-pub const HEALTHY: &str = "none";
-
 /// Where the fault really is. Injected deficiencies fill the taxonomy id and the code location;
 /// chat-log datasets fill `agent` and `step` (and may leave the id empty); a healthy run's id is
-/// [`HEALTHY`].
+/// `taxonomy::NONE`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Truth {
     /// A taxonomy id such as `P16` or `C3`, or `none`. (`deficiency` is how the trainer's
@@ -56,7 +53,7 @@ impl Truth {
 
     /// A healthy run: its id is `none`.
     pub fn is_healthy(&self) -> bool {
-        self.id().eq_ignore_ascii_case(HEALTHY)
+        self.id().eq_ignore_ascii_case(taxonomy::NONE)
     }
 }
 

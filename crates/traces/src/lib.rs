@@ -24,6 +24,6 @@ mod store;
 
 pub use error::{Error, Result};
 pub use import::{Format, ImportOptions, ImportReport};
-pub use label::{Label, Truth, HEALTHY};
+pub use label::{Label, Truth};
 pub use span::{Span, SpanKind, StatusCode};
 pub use store::{ExportedTrace, Store, EVENTS_VIEW_SQL, SCHEMA_SQL, SCHEMA_VERSION};

@@ -339,12 +339,8 @@ impl Trainer {
         .into_iter()
         .map(|done| {
             let (transcript, conversation) = done.map_err(RlError::Environment)?;
-            // A blame answer names no type: the rewards read it as no answer.
             let detection = Answered {
-                verdict: transcript
-                    .verdict()
-                    .filter(|v| v.deficiency_id().is_some())
-                    .cloned(),
+                verdict: transcript.deficiency_verdict().cloned(),
                 tool_calls: eval::store_eval::tool_calls(&transcript),
             };
             Ok((detection, conversation, transcript))
