@@ -13,6 +13,7 @@
 //! categorical distribution over whole options in one pass: it sums to one, greedy is its
 //! argmax, and PPO samples from it with exact log-probabilities.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use detect::probes::{self, ProbeResult};
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::{deficiency_score, Calibration};
 use crate::chat::Conversation;
+use crate::frame::Frame;
 use crate::policy_model::PolicyModel;
 use crate::{PolicyError, Result};
 
@@ -297,6 +299,15 @@ pub struct DecisionHead {
     /// decisions only; kept in its own file beside the checkpoint, not in the head's).
     #[serde(skip)]
     pub calibration: Option<Calibration>,
+    /// A framed head's training frameworks and their frames: it was fitted on each
+    /// framework's inputs minus that framework's typical input ([`crate::frame`]), and reads a
+    /// trace only through a frame. Empty: it reads inputs as they are.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub frames: BTreeMap<String, Frame>,
+    /// The frame of the traces it is reading now (set with [`DecisionHead::set_frame`]),
+    /// applied before everything else, sampled decisions included.
+    #[serde(skip)]
+    pub frame: Option<Frame>,
 }
 
 /// The head's choice in its own terms: indices into [`DecisionHead::types`] and
@@ -318,6 +329,14 @@ impl DecisionHead {
     /// deficiencies the head would name (it never names one the head's operating point would
     /// not), so the false-positive rate is at most the lower of the two.
     pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> HeadChoice {
+        let framed;
+        let features = match &self.frame {
+            Some(f) => {
+                framed = f.apply(features);
+                &framed[..]
+            }
+            None => features,
+        };
         let recentred;
         let features = match &self.calibration {
             Some(c) if temperature <= 0.0 && !c.recentre.is_empty() => {
@@ -380,7 +399,8 @@ impl DecisionHead {
         } else {
             None
         };
-        let scores: Vec<f32> = healthy
+        let framed: Vec<Vec<f32>> = healthy.iter().map(|x| self.framed(x)).collect();
+        let scores: Vec<f32> = framed
             .iter()
             .map(|x| {
                 let lp = match &shift {
@@ -395,6 +415,36 @@ impl DecisionHead {
             Some(s) => calibration.with_recentre(s),
             None => calibration,
         })
+    }
+
+    /// `x` under the head's current frame (as it is when none is set).
+    pub fn framed(&self, x: &[f32]) -> Vec<f32> {
+        match &self.frame {
+            Some(f) => f.apply(x),
+            None => x.to_vec(),
+        }
+    }
+
+    /// Whether the head was fitted on framed inputs and so reads traces through a frame.
+    pub fn is_framed(&self) -> bool {
+        !self.frames.is_empty()
+    }
+
+    /// Reads the next traces through `frame` (none: as they are), checking that it fits the
+    /// head's input.
+    pub fn set_frame(&mut self, frame: Option<Frame>) -> Result<()> {
+        if let Some(f) = &frame {
+            let dim = self.type_model.mean.len();
+            if f.centre.len() != dim {
+                return Err(PolicyError::Calibration(format!(
+                    "frame `{}` has {} inputs; this head reads {dim}",
+                    f.name,
+                    f.centre.len()
+                )));
+            }
+        }
+        self.frame = frame;
+        Ok(())
     }
 
     /// Attaches `calibration`, checking that a recentring shift fits the head's input.
@@ -659,6 +709,8 @@ mod tests {
             terms: 0,
             healthy_mean: Vec::new(),
             calibration: None,
+            frames: BTreeMap::new(),
+            frame: None,
         };
         let d = head.decide(&[0.0], 0.0, 0.0);
         assert_eq!(head.types[d.type_index], "P16");
@@ -685,6 +737,8 @@ mod tests {
             terms: 0,
             healthy_mean: Vec::new(),
             calibration: None,
+            frames: BTreeMap::new(),
+            frame: None,
         };
         assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
         head.set_none_shift(1.5);
@@ -714,6 +768,8 @@ mod tests {
             terms: 0,
             healthy_mean: Vec::new(),
             calibration: None,
+            frames: BTreeMap::new(),
+            frame: None,
         };
         let named =
             |head: &DecisionHead| head.types[head.decide(&[0.0], 0.0, 0.0).type_index].clone();
@@ -751,6 +807,8 @@ mod tests {
             terms: 0,
             healthy_mean: vec![-1.0],
             calibration: None,
+            frames: BTreeMap::new(),
+            frame: None,
         };
         let named = |head: &DecisionHead, x: f32| {
             head.types[head.decide(&[x], 0.0, 0.0).type_index].clone()

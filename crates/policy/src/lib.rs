@@ -14,6 +14,8 @@
 //!   read by the model, then a softmax head over the types (and `none`) and the components.
 //! - [`calibration`]: the head's operating point set on a user's own healthy runs (a
 //!   conformal threshold on its deficiency score).
+//! - [`frame`]: a framework's typical head input, which a framed head reads every trace of
+//!   that framework relative to.
 //! - [`demonstration`]: an expert transcript rewritten as the learned Detector's conversation
 //!   (supervised warm start).
 //! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
@@ -34,6 +36,7 @@ pub mod chat;
 pub mod decision;
 pub mod demonstration;
 pub mod detector;
+pub mod frame;
 pub mod grammar;
 pub mod injector;
 pub mod policy_model;

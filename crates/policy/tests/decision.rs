@@ -73,6 +73,8 @@ fn a_fitted_head_decides_among_whole_options_and_answers_validly() {
         terms: 0,
         healthy_mean: Vec::new(),
         calibration: None,
+        frames: Default::default(),
+        frame: None,
     };
     for (k, f) in x.iter().enumerate() {
         let d = head.decide(f, 0.0, 0.0);

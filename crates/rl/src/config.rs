@@ -57,6 +57,19 @@ pub enum FoldsBy {
     Framework,
 }
 
+/// What the decision head reads each trace relative to (`[head] frame`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameBy {
+    /// Inputs as they are.
+    #[default]
+    None,
+    /// Each input minus its framework's typical input (`policy::frame`): the fit subtracts
+    /// each train framework's median, and a new framework is read minus the median of its
+    /// own traces.
+    Framework,
+}
+
 /// The decision head's fit (warm start) and its PPO updates (`decision = "head"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -103,6 +116,12 @@ pub struct HeadConfig {
     /// that few train traces fill gets as large a scale as one every trace fills, and a word
     /// only one framework prints becomes as loud as the words every framework prints.
     pub term_scale: f64,
+    /// `framework`: the head reads every trace relative to its framework's typical trace, so
+    /// that what all runs of a framework show is not read as a deficiency (leave one
+    /// framework out: false positives on the left-out framework's healthy runs; BENCHMARKS.md).
+    /// `pathfinder eval --leave-out` fits and scores such heads; `pathfinder train` does not
+    /// frame its live traces yet and refuses it.
+    pub frame: FrameBy,
 }
 
 impl HeadConfig {
@@ -127,6 +146,7 @@ impl Default for HeadConfig {
             folds: 5,
             folds_by: FoldsBy::Trace,
             term_scale: 0.0,
+            frame: FrameBy::None,
         }
     }
 }
@@ -784,10 +804,30 @@ mod tests {
     #[test]
     fn the_repository_configurations_parse() {
         let rl = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../rl");
-        for name in ["default.toml", "cpu.toml"] {
+        for name in ["default.toml", "cpu.toml", "transfer.toml"] {
             let path = rl.join(name);
             let text = std::fs::read_to_string(&path).unwrap();
             RunConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
         }
+        // The transfer configuration is rl/cpu.toml's head, framed.
+        let read = |name: &str| {
+            let path = rl.join(name);
+            RunConfig::parse(&std::fs::read_to_string(&path).unwrap(), &path).unwrap()
+        };
+        let (cpu, transfer) = (read("cpu.toml"), read("transfer.toml"));
+        assert_eq!(transfer.head.frame, FrameBy::Framework);
+        assert_eq!(
+            HeadConfig {
+                frame: FrameBy::None,
+                ..transfer.head.clone()
+            },
+            HeadConfig {
+                ppo_lr: transfer.head.ppo_lr,
+                replay: transfer.head.replay,
+                recalibrate_every: transfer.head.recalibrate_every,
+                ..cpu.head.clone()
+            }
+        );
+        assert_eq!(transfer.model, cpu.model);
     }
 }

@@ -26,6 +26,7 @@ use detect::probes::ProbeResult;
 use eval::store_eval::Labelled;
 use linear::{FitLog, FitOptions, Softmax};
 use policy::decision::{self, DecisionHead};
+use policy::frame::Frame;
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +104,46 @@ pub fn fit(
         terms,
         healthy_mean: healthy_mean(train, train_x),
         calibration: None,
+        frames: Default::default(),
+        frame: None,
     })
+}
+
+/// The framework a train trace counts under for framing (its label's agent).
+pub fn framework_of(t: &Labelled) -> &str {
+    t.agent.as_deref().unwrap_or("(no framework)")
+}
+
+/// The frame of each framework of `train` (`x[i]` is trace i's head input): the median of
+/// its traces' inputs ([`policy::frame::Frame`]).
+pub fn frames(train: &[Labelled], x: &[Vec<f32>]) -> Result<BTreeMap<String, Frame>> {
+    let mut by: BTreeMap<&str, Vec<&[f32]>> = BTreeMap::new();
+    for (t, x) in train.iter().zip(x) {
+        by.entry(framework_of(t)).or_default().push(x);
+    }
+    by.into_iter()
+        .map(|(name, rows)| {
+            Frame::median_of(&format!("{name}'s train traces"), &rows)
+                .map(|f| (name.to_owned(), f))
+                .map_err(|e| RlError::Sample(format!("framing the head's input: {e}")))
+        })
+        .collect()
+}
+
+/// Each train trace's input minus its framework's frame (from [`frames`]).
+pub fn framed_inputs(
+    train: &[Labelled],
+    x: &[Vec<f32>],
+    frames: &BTreeMap<String, Frame>,
+) -> Vec<Vec<f32>> {
+    train
+        .iter()
+        .zip(x)
+        .map(|(t, x)| match frames.get(framework_of(t)) {
+            Some(f) => f.apply(x),
+            None => x.clone(),
+        })
+        .collect()
 }
 
 /// The mean input of the healthy traces of `train` (empty when it has none).
@@ -735,6 +775,70 @@ mod tests {
             truth: eval::metrics::Truth::deficiency(ty),
             agent: None,
         }
+    }
+
+    #[test]
+    fn a_framed_head_answers_the_same_for_a_framework_shifted_as_a_whole() {
+        // Two frameworks that print the same runs, one with every input moved by an offset
+        // (a framework's own structure: lines all its runs show). Fitted on framed inputs,
+        // the head reads a trace of either under its framework's frame the same way.
+        let offset = [3.0f32, -2.0, 0.5];
+        let base = [
+            ("P1", [1.0f32, 0.0, 0.0]),
+            ("P1", [1.2, 0.1, 0.0]),
+            ("C3", [0.0, 1.0, 0.0]),
+            ("C3", [0.1, 1.1, 0.1]),
+            ("none", [0.0, 0.0, 0.0]),
+            ("none", [0.1, 0.0, 0.1]),
+            ("none", [0.0, 0.1, 0.0]),
+        ];
+        let mut train = Vec::new();
+        let mut x = Vec::new();
+        for (framework, shift) in [("a", [0.0f32; 3]), ("b", offset)] {
+            for (ty, v) in &base {
+                let mut t = labelled(ty);
+                t.agent = Some(framework.into());
+                train.push(t);
+                x.push(
+                    v.iter()
+                        .zip(&shift)
+                        .map(|(a, s)| a + s)
+                        .collect::<Vec<f32>>(),
+                );
+            }
+        }
+        let frames = frames(&train, &x).unwrap();
+        assert_eq!(frames.len(), 2);
+        let framed = framed_inputs(&train, &x, &frames);
+        let options = FitOptions {
+            log_every: 0,
+            ..FitOptions::default()
+        };
+        let mut head = fit(&train, &framed, None, 0, &options, |_| {}).unwrap();
+        head.frames = frames.clone();
+        let probe = [1.1f32, 0.05, 0.0];
+        let shifted: Vec<f32> = probe.iter().zip(&offset).map(|(a, s)| a + s).collect();
+        let mut in_a = head.clone();
+        in_a.set_frame(Some(frames["a"].clone())).unwrap();
+        let mut in_b = head.clone();
+        in_b.set_frame(Some(frames["b"].clone())).unwrap();
+        let (ca, cb) = (
+            in_a.decide(&probe, 0.0, 0.0),
+            in_b.decide(&shifted, 0.0, 0.0),
+        );
+        assert_eq!(head.types[ca.type_index], "P1");
+        assert_eq!(ca.type_index, cb.type_index);
+        for (p, q) in ca.type_log_probs.iter().zip(&cb.type_log_probs) {
+            assert!((p - q).abs() < 1e-4, "{p} against {q}");
+        }
+        // Unframed, the shifted trace reads as something else.
+        assert_ne!(
+            head.decide(&shifted, 0.0, 0.0).type_log_probs,
+            cb.type_log_probs
+        );
+        // A frame of another width is refused.
+        let wrong = policy::frame::Frame::median_of("w", &[&[0.0f32][..]]).unwrap();
+        assert!(in_a.set_frame(Some(wrong)).is_err());
     }
 
     #[test]

@@ -421,3 +421,18 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         deterministic_metrics(&serial)
     );
 }
+
+#[test]
+fn a_framed_head_is_refused_by_train_until_live_traces_are_framed() {
+    let text = format!("{CONFIG}[head]\nframe = \"framework\"\n");
+    let config = RunConfig::parse(&text, Path::new("test.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let err = Trainer::with_model(config, &text, options(dir.path(), false, None), tiny())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("head.frame"), "{err}");
+    assert!(err.contains("eval --leave-out"), "{err}");
+    // Nothing of a run was written.
+    assert!(!dir.path().join("config.toml").exists());
+}

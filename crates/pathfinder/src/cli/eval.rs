@@ -86,6 +86,13 @@ pub struct EvalArgs {
         default_value_t = 0
     )]
     pub train_sample: u64,
+    /// With --leave-out: write every scored and train trace's digest lines and, for a
+    /// warm-start:CONFIG detector, its head input (the model's pooled states, then the hashed
+    /// digest terms) as JSON Lines with its id, framework, type and whether it is in the train
+    /// split, so other readers can be fitted on exactly what the detectors read (the file is
+    /// written for each learned detector in turn: the last one's stays).
+    #[arg(long, requires = "leave_out", value_name = "FILE")]
+    pub head_inputs: Option<PathBuf>,
     /// A directory of labelled multi-agent chat logs (Who&When format), searched recursively.
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,

@@ -210,6 +210,12 @@ impl Trainer {
         mut pm: PolicyModel,
     ) -> Result<Trainer> {
         let run_config = options.run_dir.join("config.toml");
+        if config.head.frame != crate::config::FrameBy::None {
+            return Err(RlError::Config {
+                path: run_config,
+                reason: "field `head.frame`: `pathfinder train` does not frame its live traces yet; a framed head is fitted and scored by `pathfinder eval --leave-out FRAMEWORK --detector warm-start:CONFIG`".into(),
+            });
+        }
         let latest = checkpoint::latest(&options.run_dir)?;
         if options.resume {
             let stored =

@@ -10,7 +10,7 @@
 //! fitted as `pathfinder train` fits it, on the frozen model's features of each trace, read
 //! once and cached).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +20,7 @@ use ::eval::store_eval::{self, Labelled};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use policy::decision::DecisionHead;
+use policy::frame::Frame;
 use policy::{PolicyModel, SharedModel};
 use serde::Serialize;
 
@@ -79,6 +80,10 @@ pub struct Row {
     /// the share of its healthy and of its deficient traces whose standardised distance to the
     /// train features is beyond the 99th percentile of the train traces' own.
     pub unfamiliar: Option<Unfamiliar>,
+    /// What a framed head read the left-out framework's traces relative to (`[head] frame =
+    /// "framework"`): the median of which of its traces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame: Option<String>,
 }
 
 /// Shares of traces beyond the train traces' 99th percentile of distance.
@@ -214,6 +219,11 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
     let mut rows = Vec::new();
     for (name, kind) in &detectors {
         let mut fitted = Fitted::new(kind, db, &train_all, &scored, &args.feature_cache)?;
+        if let (Some(path), Fitted::WarmStart { features, .. }) = (&args.head_inputs, &fitted) {
+            write_head_inputs(path, db, &train_all, &scored, &train_ids, Some(features))?;
+        } else if let (Some(path), Fitted::Classifier { .. }) = (&args.head_inputs, &fitted) {
+            write_head_inputs(path, db, &train_all, &scored, &train_ids, None)?;
+        }
         for framework in &left_out {
             let train: Vec<Labelled> = train_all
                 .iter()
@@ -256,6 +266,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                     train.len()
                 },
                 unfamiliar,
+                frame: fitted.frame_used(),
             });
             // The same head calibrated on N of the framework's own healthy runs (drawn in a
             // fixed order), every N scored on the same traces: the framework's traces but
@@ -323,6 +334,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                     in_distribution_false_positive_rate: None,
                     train: train.len(),
                     unfamiliar: None,
+                    frame: fitted.frame_used(),
                 });
             }
         }
@@ -498,18 +510,66 @@ impl<'a> Fitted<'a> {
                     .collect();
                 let head = fit_head(config, train, &x)?;
                 *last = Some(Box::new(head.clone()));
-                head_cases(
-                    db,
-                    scored,
-                    (shared, reader, head),
-                    &format!("warm start without {framework}"),
-                )
+                if !head.is_framed() {
+                    return head_cases(
+                        db,
+                        scored,
+                        (shared, reader, head),
+                        &format!("warm start without {framework}"),
+                    );
+                }
+                // A framed head reads each framework through its frame: the train frameworks'
+                // own, and for the one left out the median of all its traces (unlabelled: what
+                // a user's store of their runs gives).
+                let mut groups: BTreeMap<&str, Vec<Labelled>> = BTreeMap::new();
+                for t in scored {
+                    groups
+                        .entry(t.agent.as_deref().unwrap_or_default())
+                        .or_default()
+                        .push(t.clone());
+                }
+                let mut cases = Vec::with_capacity(scored.len());
+                for (name, traces) in groups {
+                    let frame = if name == framework {
+                        let rows: Vec<&[f32]> = traces
+                            .iter()
+                            .map(|t| features[&t.trace_id].as_slice())
+                            .collect();
+                        Frame::median_of(&format!("{framework}'s traces, unlabelled"), &rows)?
+                    } else {
+                        head.frames.get(name).cloned().with_context(|| {
+                            format!("the framed head has no frame of {name}, whose held-out traces it scores")
+                        })?
+                    };
+                    let mut head = head.clone();
+                    head.set_frame(Some(frame))?;
+                    cases.extend(head_cases(
+                        db,
+                        &traces,
+                        (shared, reader, head),
+                        &format!("warm start without {framework}, {name}"),
+                    )?);
+                }
+                Ok(cases)
             }
         }
     }
 }
 
 impl Fitted<'_> {
+    /// For a framed warm start: how the left-out framework's frame is taken.
+    fn frame_used(&self) -> Option<String> {
+        match self {
+            Fitted::WarmStart {
+                head: Some(head), ..
+            } if head.is_framed() => Some(
+                "the median of the left-out framework's traces (calibrated rows: of their N healthy runs)"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+
     /// The last fold's warm-started head calibrated on the healthy runs `healthy` (none: as
     /// fitted), its input `recentre`d on them or not, scored on `scored`. `None` for detectors
     /// without a head.
@@ -532,6 +592,27 @@ impl Fitted<'_> {
             return Ok(None);
         };
         let mut head = DecisionHead::clone(head);
+        if head.is_framed() {
+            // N = 0: the frame of the main row (all the framework's traces); N > 0: the
+            // median of the N healthy runs, what `calibrate` would have.
+            let frame = if healthy.is_empty() {
+                let rows: Vec<&[f32]> = scored
+                    .iter()
+                    .map(|t| features[&t.trace_id].as_slice())
+                    .collect();
+                Frame::median_of(&format!("{framework}'s traces, unlabelled"), &rows)?
+            } else {
+                let rows: Vec<&[f32]> = healthy
+                    .iter()
+                    .map(|t| features[&t.trace_id].as_slice())
+                    .collect();
+                Frame::median_of(
+                    &format!("{} healthy runs of {framework}", rows.len()),
+                    &rows,
+                )?
+            };
+            head.set_frame(Some(frame))?;
+        }
         if !healthy.is_empty() {
             let inputs: Vec<&[f32]> = healthy
                 .iter()
@@ -607,6 +688,48 @@ impl Fitted<'_> {
     }
 }
 
+/// `--head-inputs`: each trace of `train` and `scored` once, its head input (a warm start's;
+/// null for the classifier, which reads the lines) beside its label and digest lines,
+/// written whole to a temporary file and renamed into place.
+fn write_head_inputs(
+    path: &Path,
+    db: &Path,
+    train: &[Labelled],
+    scored: &[Labelled],
+    train_ids: &HashSet<String>,
+    features: Option<&HashMap<String, Vec<f32>>>,
+) -> Result<()> {
+    use std::io::Write;
+    let mut seen = HashSet::new();
+    let traces: Vec<Labelled> = train
+        .iter()
+        .chain(scored)
+        .filter(|t| seen.insert(t.trace_id.clone()))
+        .cloned()
+        .collect();
+    let batteries = ::eval::classifier::battery(db, &traces)?;
+    let tmp = path.with_extension("partial");
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for (t, battery) in traces.iter().zip(&batteries) {
+        let row = serde_json::json!({
+            "trace_id": t.trace_id,
+            "framework": t.agent,
+            "deficiency_id": t.truth.id(),
+            "train": train_ids.contains(&t.trace_id),
+            "lines": detect::probes::battery_lines(battery),
+            "input": features.map(|f| &f[&t.trace_id]),
+        });
+        writeln!(out, "{row}").with_context(|| format!("writing {}", tmp.display()))?;
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(out);
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 /// The cases of `scored` investigated by a decision head, as the trainer's held-out
 /// evaluation investigates them, with a progress bar named `what`.
 fn head_cases(
@@ -645,11 +768,23 @@ fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Resul
         standardise: true,
         raw_tail: h.raw_terms(),
     };
+    let frames = match h.frame {
+        rl::config::FrameBy::None => BTreeMap::new(),
+        rl::config::FrameBy::Framework => rl::head::frames(train, x)?,
+    };
+    let framed;
+    let x = if frames.is_empty() {
+        x
+    } else {
+        framed = rl::head::framed_inputs(train, x, &frames);
+        &framed[..]
+    };
     let mut head = rl::head::fit(train, x, None, h.terms, &options, |_| {})?;
     if h.none_target > 0.0 {
         let read = rl::head::out_of_fold(train, x, h.folds, h.folds_by, &options)?;
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
     }
+    head.frames = frames;
     Ok(head)
 }
 
@@ -747,6 +882,18 @@ fn markdown(r: &Report) -> String {
                 100.0 * u.deficient,
                 100.0 * u.in_distribution
             )),
+        ));
+    }
+    let mut framed: Vec<&str> = r
+        .rows
+        .iter()
+        .filter_map(|row| row.frame.as_deref().map(|_| row.detector.as_str()))
+        .collect();
+    framed.dedup();
+    if let Some(how) = r.rows.iter().find_map(|row| row.frame.as_deref()) {
+        s.push_str(&format!(
+            "\nFramed heads ({}) read each train framework relative to its train traces' median input and the left-out framework relative to {how}.\n",
+            framed.join(", ")
         ));
     }
     s.push_str("\n| detector | frameworks | mean type | mean category | mean false positives | mean in distribution | largest drop |\n|---|---|---|---|---|---|---|\n");
