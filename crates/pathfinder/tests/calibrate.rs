@@ -232,6 +232,56 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
         );
     }
     assert_eq!(report["means"].as_array().unwrap().len(), 3);
+    assert!(rows.iter().all(|r| r.get("frame").is_none()), "{stdout}");
+
+    // The same head framed: each framework read relative to its own traces' median, and the
+    // report says so; --head-inputs writes what the head read, a line per trace.
+    let framed = dir.path().join("framed.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &framed,
+        text.replace("[head]\n", "[head]\nframe = \"framework\"\n"),
+    )
+    .unwrap();
+    let inputs = dir.path().join("inputs.jsonl");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["eval", "--db"])
+            .arg(&db)
+            .arg("--train-split")
+            .arg(&train)
+            .args(["--leave-out", "all", "--detector"])
+            .arg(format!("warm-start:{}", framed.display()))
+            .arg("--feature-cache")
+            .arg(dir.path().join("features"))
+            .arg("--head-inputs")
+            .arg(&inputs)
+            .output()
+            .unwrap(),
+        "eval --leave-out all with a framed head",
+    );
+    assert!(stdout.contains("Framed heads"), "{stdout}");
+    assert!(
+        stdout.contains("median of the left-out framework's traces"),
+        "{stdout}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&inputs)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!lines.is_empty());
+    let width = lines[0]["input"].as_array().unwrap().len();
+    for l in &lines {
+        assert_eq!(l["input"].as_array().unwrap().len(), width, "{l}");
+        assert!(l["lines"].as_array().is_some_and(|a| !a.is_empty()), "{l}");
+        assert!(
+            l["framework"].is_string() && l["deficiency_id"].is_string(),
+            "{l}"
+        );
+    }
+    let in_train = lines.iter().filter(|l| l["train"] == true).count();
+    assert!(in_train > 0 && in_train <= split_ids(&db, "train").len());
     // A framework the store does not hold, and a fixed checkpoint, are refused by name.
     let out = pathfinder()
         .args(["eval", "--db"])

@@ -391,15 +391,18 @@ impl DecisionHead {
         alpha: f64,
         recentre_first: bool,
     ) -> Result<Calibration> {
+        // The runs as the head reads them: under its frame, which the shift then moves (a
+        // framed head's `healthy_mean` is of framed inputs too).
+        let framed: Vec<Vec<f32>> = healthy.iter().map(|x| self.framed(x)).collect();
         let shift = if recentre_first {
+            let rows: Vec<&[f32]> = framed.iter().map(Vec::as_slice).collect();
             Some(crate::calibration::recentre_shift(
                 &self.healthy_mean,
-                healthy,
+                &rows,
             )?)
         } else {
             None
         };
-        let framed: Vec<Vec<f32>> = healthy.iter().map(|x| self.framed(x)).collect();
         let scores: Vec<f32> = framed
             .iter()
             .map(|x| {
@@ -794,6 +797,47 @@ mod tests {
         let d = head.decide(&[0.0], 1.0, 0.0);
         assert_eq!(head.types[d.type_index], "P1");
     }
+    #[test]
+    fn a_framed_head_reads_through_its_frame_and_recentres_framed_inputs() {
+        // The head of the test below, fitted on framed inputs; this framework's traces sit 10
+        // above the head's frameworks on the one feature.
+        let mut type_model = model(2, vec![0.0, 0.0]);
+        type_model.weight = vec![2.0, 0.0];
+        let frame =
+            Frame::median_of("fw's traces", &[&[10.0f32][..], &[10.0][..], &[12.0][..]]).unwrap();
+        let mut head = DecisionHead {
+            types: vec!["P1".into(), NONE.into()],
+            type_model,
+            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
+            component_model: model(2, vec![0.0, 1.0]),
+            terms: 0,
+            healthy_mean: vec![-1.0],
+            calibration: None,
+            frames: BTreeMap::from([("ours".to_string(), frame.clone())]),
+            frame: None,
+        };
+        assert!(head.is_framed());
+        head.set_frame(Some(frame)).unwrap();
+        let named = |head: &DecisionHead, x: f32, t: f32| {
+            head.types[head.decide(&[x], t, 0.0).type_index].clone()
+        };
+        // Framed, 9 reads as −1 (none) and 11 as 1 (P1), sampled decisions too.
+        assert_eq!(named(&head, 9.0, 0.0), NONE);
+        assert_eq!(named(&head, 11.0, 0.0), "P1");
+        assert_eq!(
+            head.decide(&[9.0], 1.0, 0.99).type_log_probs,
+            head.decide(&[9.0], 0.0, 0.0).type_log_probs
+        );
+        // Healthy runs at 11 recentred on the framed inputs (1 → the head's healthy −1): a
+        // run like them is `none`, one three above them is still P1.
+        let runs = [[11.0f32]; 20];
+        let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
+        let c = head.calibration_on("fw", &rows, 0.05, true).unwrap();
+        head.set_calibration(Some(c)).unwrap();
+        assert_eq!(named(&head, 11.0, 0.0), NONE);
+        assert_eq!(named(&head, 14.0, 0.0), "P1");
+    }
+
     #[test]
     fn a_recentring_calibration_moves_the_input_before_the_head_reads_it() {
         // One feature: P1's score rises with it, none's does not.

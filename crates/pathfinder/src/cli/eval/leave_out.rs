@@ -884,12 +884,17 @@ fn markdown(r: &Report) -> String {
             )),
         ));
     }
-    let mut framed: Vec<&str> = r
-        .rows
+    // The framed detectors by the names of their uncalibrated rows (those the means are of).
+    let framed: Vec<&str> = r
+        .means
         .iter()
-        .filter_map(|row| row.frame.as_deref().map(|_| row.detector.as_str()))
+        .map(|m| m.detector.as_str())
+        .filter(|d| {
+            r.rows
+                .iter()
+                .any(|row| row.detector == *d && row.frame.is_some())
+        })
         .collect();
-    framed.dedup();
     if let Some(how) = r.rows.iter().find_map(|row| row.frame.as_deref()) {
         s.push_str(&format!(
             "\nFramed heads ({}) read each train framework relative to its train traces' median input and the left-out framework relative to {how}.\n",
