@@ -233,6 +233,21 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
     }
     assert_eq!(report["means"].as_array().unwrap().len(), 3);
     assert!(rows.iter().all(|r| r.get("frame").is_none()), "{stdout}");
+    // The later detectors against the first, on the same left-out traces.
+    let paired = report["paired"].as_array().unwrap();
+    assert_eq!(paired.len(), 2, "{stdout}");
+    for p in paired {
+        assert_eq!(p["against"], "keyword", "{p}");
+        assert!(p["type_difference"]["n"].as_u64().unwrap() > 0, "{p}");
+        let (lo, hi) = (
+            p["type_difference"]["lo"].as_f64().unwrap(),
+            p["type_difference"]["hi"].as_f64().unwrap(),
+        );
+        assert!(
+            lo <= p["type_difference"]["value"].as_f64().unwrap() && lo <= hi,
+            "{p}"
+        );
+    }
 
     // The same head framed: each framework read relative to its own traces' median, and the
     // report says so; --head-inputs writes what the head read, a line per trace.

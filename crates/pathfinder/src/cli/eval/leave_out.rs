@@ -106,6 +106,58 @@ pub struct Report {
     pub train_sample: u64,
     pub rows: Vec<Row>,
     pub means: Vec<Mean>,
+    /// Each detector after the first against the first, on the same left-out traces.
+    pub paired: Vec<Paired>,
+}
+
+/// A detector against another on the same traces of the frameworks left out (each scored by
+/// the fit without its framework), pooled over them: per-trace differences, `detector −
+/// against`, with bootstrap intervals over the traces.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    pub detector: String,
+    pub against: String,
+    /// Type named (1) or not (0), over the deficient traces.
+    pub type_difference: Option<Estimate>,
+    /// Deficient traces only this detector names, and only the other one.
+    pub won: usize,
+    pub lost: usize,
+    /// Called deficient (1) or not (0), over the healthy traces.
+    pub false_positive_difference: Option<Estimate>,
+}
+
+fn paired(against: &str, base: &[Case], detector: &str, other: &[Case], b: &Bootstrap) -> Paired {
+    let by_id: HashMap<&str, &Case> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
+    let pairs: Vec<(&Case, &Case)> = other
+        .iter()
+        .filter_map(|o| by_id.get(o.trace_id.as_str()).map(|b| (*b, o)))
+        .collect();
+    let one = |x: bool| f64::from(u8::from(x));
+    let deficient: Vec<(bool, bool)> = pairs
+        .iter()
+        .filter(|(b, _)| !metrics::healthy(b))
+        .map(|(b, o)| (metrics::detected(b), metrics::detected(o)))
+        .collect();
+    let flagged: Vec<f64> = pairs
+        .iter()
+        .filter_map(|(b, o)| {
+            Some(one(metrics::false_positive(o)?) - one(metrics::false_positive(b)?))
+        })
+        .collect();
+    Paired {
+        detector: detector.to_owned(),
+        against: against.to_owned(),
+        type_difference: bootstrap::mean(
+            &deficient
+                .iter()
+                .map(|(b, o)| one(*o) - one(*b))
+                .collect::<Vec<_>>(),
+            b,
+        ),
+        won: deficient.iter().filter(|(b, o)| *o && !*b).count(),
+        lost: deficient.iter().filter(|(b, o)| *b && !*o).count(),
+        false_positive_difference: bootstrap::mean(&flagged, b),
+    }
 }
 
 /// A detector's mean over the frameworks left out (each framework weighs the same).
@@ -217,7 +269,10 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
         .filter_map(|t| t.agent.as_deref())
         .collect();
     let mut rows = Vec::new();
+    // Each detector's cases of the frameworks it left out, for the paired comparisons.
+    let mut left_out_cases: Vec<Vec<Case>> = Vec::new();
     for (name, kind) in &detectors {
+        left_out_cases.push(Vec::new());
         let mut fitted = Fitted::new(kind, db, &train_all, &scored, &args.feature_cache)?;
         if let (Some(path), Fitted::WarmStart { features, .. }) = (&args.head_inputs, &fitted) {
             write_head_inputs(path, db, &train_all, &scored, &train_ids, Some(features))?;
@@ -248,6 +303,9 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                 .partition(|c| c.agent.as_deref() == Some(framework));
             let summary = metrics::summarise(&held, &catalog, &bootstrap);
             let within = metrics::summarise(&inside, &catalog, &bootstrap);
+            if let Some(mine) = left_out_cases.last_mut() {
+                mine.extend(held.iter().cloned());
+            }
             rows.push(Row {
                 framework: framework.clone(),
                 detector: name.clone(),
@@ -340,6 +398,14 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
         }
     }
     let means = means(&rows, &detectors);
+    let paired = detectors
+        .iter()
+        .zip(&left_out_cases)
+        .skip(1)
+        .map(|((name, _), cases)| {
+            paired(&detectors[0].0, &left_out_cases[0], name, cases, &bootstrap)
+        })
+        .collect();
     let report = Report {
         store: db.display().to_string(),
         train_split: train_path.display().to_string(),
@@ -347,6 +413,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
         train_sample: args.train_sample,
         rows,
         means,
+        paired,
     };
     Ok((markdown(&report), serde_json::to_string_pretty(&report)?))
 }
@@ -918,6 +985,31 @@ fn markdown(r: &Report) -> String {
                 100.0 * d
             )),
         ));
+    }
+    if !r.paired.is_empty() {
+        s.push_str("\nPaired on the same left-out traces, pooled over the frameworks (differences in points, 95% bootstrap intervals):\n\n| detector | against | type named | deficient traces won / lost | false positives |\n|---|---|---|---|---|\n");
+        let points = |e: &Option<Estimate>| {
+            e.as_ref().map_or("–".into(), |e| {
+                format!(
+                    "{:+.1} [{:+.1}, {:+.1}] (n = {})",
+                    100.0 * e.value,
+                    100.0 * e.lo,
+                    100.0 * e.hi,
+                    e.n
+                )
+            })
+        };
+        for p in &r.paired {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} / {} | {} |\n",
+                p.detector,
+                p.against,
+                points(&p.type_difference),
+                p.won,
+                p.lost,
+                points(&p.false_positive_difference)
+            ));
+        }
     }
     s
 }
