@@ -598,11 +598,11 @@ impl<'a> Fitted<'a> {
                 let mut cases = Vec::with_capacity(scored.len());
                 for (name, traces) in groups {
                     let frame = if name == framework {
-                        let rows: Vec<&[f32]> = traces
-                            .iter()
-                            .map(|t| features[&t.trace_id].as_slice())
-                            .collect();
-                        Frame::median_of(&format!("{framework}'s traces, unlabelled"), &rows)?
+                        frame_of(
+                            &format!("{framework}'s traces, unlabelled"),
+                            &traces,
+                            features,
+                        )?
                     } else {
                         head.frames.get(name).cloned().with_context(|| {
                             format!("the framed head has no frame of {name}, whose held-out traces it scores")
@@ -660,23 +660,18 @@ impl Fitted<'_> {
         };
         let mut head = DecisionHead::clone(head);
         if head.is_framed() {
-            // N = 0: the frame of the main row (all the framework's traces); N > 0: the
-            // median of the N healthy runs, what `calibrate` would have.
+            // N = 0: the median of the scored traces (the framework's, unlabelled, but the
+            // calibration runs); N > 0: the median of the N healthy runs, what a user's
+            // calibration runs give.
             let frame = if healthy.is_empty() {
-                let rows: Vec<&[f32]> = scored
-                    .iter()
-                    .map(|t| features[&t.trace_id].as_slice())
-                    .collect();
-                Frame::median_of(&format!("{framework}'s traces, unlabelled"), &rows)?
-            } else {
-                let rows: Vec<&[f32]> = healthy
-                    .iter()
-                    .map(|t| features[&t.trace_id].as_slice())
-                    .collect();
-                Frame::median_of(
-                    &format!("{} healthy runs of {framework}", rows.len()),
-                    &rows,
+                frame_of(
+                    &format!("{framework}'s traces, unlabelled"),
+                    scored,
+                    features,
                 )?
+            } else {
+                let name = format!("{} healthy runs of {framework}", healthy.len());
+                frame_of(&name, healthy.iter().copied(), features)?
             };
             head.set_frame(Some(frame))?;
         }
@@ -753,6 +748,19 @@ impl Fitted<'_> {
             in_distribution: share(&|t| !mine(t)),
         })
     }
+}
+
+/// The frame over `traces`, whose head inputs are in `features`.
+fn frame_of<'t>(
+    name: &str,
+    traces: impl IntoIterator<Item = &'t Labelled>,
+    features: &HashMap<String, Vec<f32>>,
+) -> Result<Frame> {
+    let rows: Vec<&[f32]> = traces
+        .into_iter()
+        .map(|t| features[&t.trace_id].as_slice())
+        .collect();
+    Ok(Frame::median_of(name, &rows)?)
 }
 
 /// `--head-inputs`: each trace of `train` and `scored` once, its head input (a warm start's;
