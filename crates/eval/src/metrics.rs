@@ -312,6 +312,52 @@ pub fn detection_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> Opt
     bootstrap::mean(&diffs, b)
 }
 
+/// Two detectors on the same traces (matched by id): over the deficient ones, the paired
+/// difference in the type named (`other − base`, bootstrap interval over the traces) and the
+/// traces only `other` names and only `base` names; over the healthy ones, the paired
+/// difference in being called deficient.
+pub fn paired_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> PairedDifference {
+    let by_id: BTreeMap<&str, &Case> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
+    let pairs: Vec<(&Case, &Case)> = other
+        .iter()
+        .filter_map(|o| by_id.get(o.trace_id.as_str()).map(|b| (*b, o)))
+        .collect();
+    let one = |x: bool| f64::from(u8::from(x));
+    let deficient: Vec<(bool, bool)> = pairs
+        .iter()
+        .filter(|(b, _)| !healthy(b))
+        .map(|(b, o)| (detected(b), detected(o)))
+        .collect();
+    let flagged: Vec<f64> = pairs
+        .iter()
+        .filter_map(|(b, o)| Some(one(false_positive(o)?) - one(false_positive(b)?)))
+        .collect();
+    PairedDifference {
+        detection: bootstrap::mean(
+            &deficient
+                .iter()
+                .map(|(b, o)| one(*o) - one(*b))
+                .collect::<Vec<_>>(),
+            b,
+        ),
+        won: deficient.iter().filter(|(b, o)| *o && !*b).count(),
+        lost: deficient.iter().filter(|(b, o)| *b && !*o).count(),
+        false_positives: bootstrap::mean(&flagged, b),
+    }
+}
+
+/// What [`paired_difference`] measures.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairedDifference {
+    /// Type named (1) or not (0), `other − base`, over the deficient traces.
+    pub detection: Option<Estimate>,
+    /// Deficient traces only `other` names, and only `base`.
+    pub won: usize,
+    pub lost: usize,
+    /// Called deficient (1) or not (0), `other − base`, over the healthy traces.
+    pub false_positives: Option<Estimate>,
+}
+
 /// One labelled chat log and the blame a detector gave.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BlameCase {
@@ -659,6 +705,41 @@ mod tests {
         other[3].predicted = None;
         let d = detection_difference(&base, &other, &Bootstrap::default()).unwrap();
         assert_eq!(d.value, -0.2);
+    }
+
+    #[test]
+    fn a_paired_difference_reads_deficient_and_healthy_traces_apart() {
+        let healthy = |id: &str, called: Option<&str>| Case {
+            trace_id: id.into(),
+            ..case("none", None, called.map(|t| (t, "llm_client.request")), 0)
+        };
+        let mut base = vec![
+            Case {
+                trace_id: "a".into(),
+                ..case("P1", None, Some(("P1", "x")), 0)
+            },
+            Case {
+                trace_id: "b".into(),
+                ..case("P2", None, Some(("P9", "x")), 0)
+            },
+            healthy("h1", Some("P1")),
+            healthy("h2", Some("P3")),
+            healthy("h3", None),
+        ];
+        base[4].predicted = Some(answer("none", "none"));
+        let mut other = base.clone();
+        // Loses a, gains b; takes back both false positives.
+        other[0].predicted = Some(answer("C1", "x"));
+        other[1].predicted = Some(answer("P2", "x"));
+        other[2].predicted = Some(answer("none", "none"));
+        other[3].predicted = Some(answer("none", "none"));
+        let d = paired_difference(&base, &other, &Bootstrap::default());
+        assert_eq!((d.won, d.lost), (1, 1));
+        let t = d.detection.unwrap();
+        assert_eq!((t.value, t.n), (0.0, 2));
+        let f = d.false_positives.unwrap();
+        assert_eq!(f.n, 3);
+        assert!((f.value + 2.0 / 3.0).abs() < 1e-9, "{f:?}");
     }
 
     #[test]

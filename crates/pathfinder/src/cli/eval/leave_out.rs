@@ -127,36 +127,14 @@ pub struct Paired {
 }
 
 fn paired(against: &str, base: &[Case], detector: &str, other: &[Case], b: &Bootstrap) -> Paired {
-    let by_id: HashMap<&str, &Case> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
-    let pairs: Vec<(&Case, &Case)> = other
-        .iter()
-        .filter_map(|o| by_id.get(o.trace_id.as_str()).map(|b| (*b, o)))
-        .collect();
-    let one = |x: bool| f64::from(u8::from(x));
-    let deficient: Vec<(bool, bool)> = pairs
-        .iter()
-        .filter(|(b, _)| !metrics::healthy(b))
-        .map(|(b, o)| (metrics::detected(b), metrics::detected(o)))
-        .collect();
-    let flagged: Vec<f64> = pairs
-        .iter()
-        .filter_map(|(b, o)| {
-            Some(one(metrics::false_positive(o)?) - one(metrics::false_positive(b)?))
-        })
-        .collect();
+    let d = metrics::paired_difference(base, other, b);
     Paired {
         detector: detector.to_owned(),
         against: against.to_owned(),
-        type_difference: bootstrap::mean(
-            &deficient
-                .iter()
-                .map(|(b, o)| one(*o) - one(*b))
-                .collect::<Vec<_>>(),
-            b,
-        ),
-        won: deficient.iter().filter(|(b, o)| *o && !*b).count(),
-        lost: deficient.iter().filter(|(b, o)| *b && !*o).count(),
-        false_positive_difference: bootstrap::mean(&flagged, b),
+        type_difference: d.detection,
+        won: d.won,
+        lost: d.lost,
+        false_positive_difference: d.false_positives,
     }
 }
 
