@@ -333,7 +333,7 @@ pub fn paired_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> Paired
         .filter_map(|(b, o)| Some(one(false_positive(o)?) - one(false_positive(b)?)))
         .collect();
     PairedDifference {
-        detection: bootstrap::mean(
+        type_difference: bootstrap::mean(
             &deficient
                 .iter()
                 .map(|(b, o)| one(*o) - one(*b))
@@ -342,7 +342,7 @@ pub fn paired_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> Paired
         ),
         won: deficient.iter().filter(|(b, o)| *o && !*b).count(),
         lost: deficient.iter().filter(|(b, o)| *b && !*o).count(),
-        false_positives: bootstrap::mean(&flagged, b),
+        false_positive_difference: bootstrap::mean(&flagged, b),
     }
 }
 
@@ -350,12 +350,12 @@ pub fn paired_difference(base: &[Case], other: &[Case], b: &Bootstrap) -> Paired
 #[derive(Debug, Clone, Serialize)]
 pub struct PairedDifference {
     /// Type named (1) or not (0), `other − base`, over the deficient traces.
-    pub detection: Option<Estimate>,
+    pub type_difference: Option<Estimate>,
     /// Deficient traces only `other` names, and only `base`.
     pub won: usize,
     pub lost: usize,
     /// Called deficient (1) or not (0), `other − base`, over the healthy traces.
-    pub false_positives: Option<Estimate>,
+    pub false_positive_difference: Option<Estimate>,
 }
 
 /// One labelled chat log and the blame a detector gave.
@@ -735,9 +735,9 @@ mod tests {
         other[3].predicted = Some(answer("none", "none"));
         let d = paired_difference(&base, &other, &Bootstrap::default());
         assert_eq!((d.won, d.lost), (1, 1));
-        let t = d.detection.unwrap();
+        let t = d.type_difference.unwrap();
         assert_eq!((t.value, t.n), (0.0, 2));
-        let f = d.false_positives.unwrap();
+        let f = d.false_positive_difference.unwrap();
         assert_eq!(f.n, 3);
         assert!((f.value + 2.0 / 3.0).abs() < 1e-9, "{f:?}");
     }

@@ -66,14 +66,6 @@ impl Frame {
     pub fn apply(&self, x: &[f32]) -> Vec<f32> {
         x.iter().zip(&self.centre).map(|(a, c)| a - c).collect()
     }
-
-    /// One line for reports: which traces set the frame.
-    pub fn describe(&self) -> String {
-        format!(
-            "inputs read relative to the median of {} ({} traces)",
-            self.name, self.traces
-        )
-    }
 }
 
 /// The median of `v` (the mean of the two middle values for an even count); `v` is reordered.

@@ -30,7 +30,7 @@ use policy::frame::Frame;
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{FoldsBy, ReviewOptimizer, ReviewWeighting};
+use crate::config::{FoldsBy, FrameBy, ReviewOptimizer, ReviewWeighting};
 use crate::{Result, RlError};
 
 /// The decision head's input for every battery: the language model's features (see
@@ -128,6 +128,22 @@ pub fn frames(train: &[Labelled], x: &[Vec<f32>]) -> Result<BTreeMap<String, Fra
                 .map_err(|e| RlError::Sample(format!("framing the head's input: {e}")))
         })
         .collect()
+}
+
+/// A fit's frames by framework and its inputs as read through them.
+pub type FramedInputs = (BTreeMap<String, Frame>, Vec<Vec<f32>>);
+
+/// The frames a fit under `by` reads `train` through (none for [`FrameBy::None`]) and the
+/// inputs `x` as it reads them: each trace's minus its framework's frame.
+pub fn framed_fit(by: FrameBy, train: &[Labelled], x: &[Vec<f32>]) -> Result<FramedInputs> {
+    match by {
+        FrameBy::None => Ok((BTreeMap::new(), x.to_vec())),
+        FrameBy::Framework => {
+            let frames = frames(train, x)?;
+            let framed = framed_inputs(train, x, &frames);
+            Ok((frames, framed))
+        }
+    }
 }
 
 /// Each train trace's input minus its framework's frame (from [`frames`]).

@@ -117,25 +117,8 @@ pub struct Report {
 pub struct Paired {
     pub detector: String,
     pub against: String,
-    /// Type named (1) or not (0), over the deficient traces.
-    pub type_difference: Option<Estimate>,
-    /// Deficient traces only this detector names, and only the other one.
-    pub won: usize,
-    pub lost: usize,
-    /// Called deficient (1) or not (0), over the healthy traces.
-    pub false_positive_difference: Option<Estimate>,
-}
-
-fn paired(against: &str, base: &[Case], detector: &str, other: &[Case], b: &Bootstrap) -> Paired {
-    let d = metrics::paired_difference(base, other, b);
-    Paired {
-        detector: detector.to_owned(),
-        against: against.to_owned(),
-        type_difference: d.detection,
-        won: d.won,
-        lost: d.lost,
-        false_positive_difference: d.false_positives,
-    }
+    #[serde(flatten)]
+    pub difference: metrics::PairedDifference,
 }
 
 /// A detector's mean over the frameworks left out (each framework weighs the same).
@@ -252,10 +235,17 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
     for (name, kind) in &detectors {
         left_out_cases.push(Vec::new());
         let mut fitted = Fitted::new(kind, db, &train_all, &scored, &args.feature_cache)?;
-        if let (Some(path), Fitted::WarmStart { features, .. }) = (&args.head_inputs, &fitted) {
-            write_head_inputs(path, db, &train_all, &scored, &train_ids, Some(features))?;
-        } else if let (Some(path), Fitted::Classifier { .. }) = (&args.head_inputs, &fitted) {
-            write_head_inputs(path, db, &train_all, &scored, &train_ids, None)?;
+        if let Some(path) = &args.head_inputs {
+            let read = (&train_all[..], &scored[..], &train_ids);
+            match &fitted {
+                Fitted::WarmStart {
+                    batteries,
+                    features,
+                    ..
+                } => write_head_inputs(path, read, batteries, Some(features))?,
+                Fitted::Classifier { batteries } => write_head_inputs(path, read, batteries, None)?,
+                Fitted::Builtin { .. } => {}
+            }
         }
         for framework in &left_out {
             let train: Vec<Labelled> = train_all
@@ -380,8 +370,10 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
         .iter()
         .zip(&left_out_cases)
         .skip(1)
-        .map(|((name, _), cases)| {
-            paired(&detectors[0].0, &left_out_cases[0], name, cases, &bootstrap)
+        .map(|((name, _), cases)| Paired {
+            detector: name.clone(),
+            against: detectors[0].0.clone(),
+            difference: metrics::paired_difference(&left_out_cases[0], cases, &bootstrap),
         })
         .collect();
     let report = Report {
@@ -408,6 +400,8 @@ enum Fitted<'a> {
         batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
     },
     WarmStart {
+        /// The probe battery's digests of every trace (what the features were read from).
+        batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
         config: Box<rl::RunConfig>,
         shared: SharedModel,
         reader: Arc<policy::decision::FeatureReader>,
@@ -487,15 +481,13 @@ impl<'a> Fitted<'a> {
                     bar.set_position(i as u64)
                 })?;
                 bar.finish_and_clear();
+                let ids = || everything.iter().map(|t| t.trace_id.clone());
                 Ok(Fitted::WarmStart {
+                    batteries: ids().zip(batteries).collect(),
                     config: Box::new(config),
                     shared,
                     reader,
-                    features: everything
-                        .iter()
-                        .map(|t| t.trace_id.clone())
-                        .zip(x)
-                        .collect(),
+                    features: ids().zip(x).collect(),
                     head: None,
                 })
             }
@@ -548,6 +540,7 @@ impl<'a> Fitted<'a> {
                 reader,
                 features,
                 head: last,
+                ..
             } => {
                 let x: Vec<Vec<f32>> = train
                     .iter()
@@ -742,36 +735,31 @@ fn frame_of<'t>(
 }
 
 /// `--head-inputs`: each trace of `train` and `scored` once, its head input (a warm start's;
-/// null for the classifier, which reads the lines) beside its label and digest lines,
-/// written whole to a temporary file and renamed into place.
+/// null for the classifier, which reads the lines) beside its label and the digest lines the
+/// detector read, written whole to a temporary file and renamed into place.
 fn write_head_inputs(
     path: &Path,
-    db: &Path,
-    train: &[Labelled],
-    scored: &[Labelled],
-    train_ids: &HashSet<String>,
+    (train, scored, train_ids): (&[Labelled], &[Labelled], &HashSet<String>),
+    batteries: &HashMap<String, Vec<detect::probes::ProbeResult>>,
     features: Option<&HashMap<String, Vec<f32>>>,
 ) -> Result<()> {
     use std::io::Write;
     let mut seen = HashSet::new();
-    let traces: Vec<Labelled> = train
+    let traces = train
         .iter()
         .chain(scored)
-        .filter(|t| seen.insert(t.trace_id.clone()))
-        .cloned()
-        .collect();
-    let batteries = ::eval::classifier::battery(db, &traces)?;
+        .filter(|t| seen.insert(t.trace_id.as_str()));
     let tmp = path.with_extension("partial");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    for (t, battery) in traces.iter().zip(&batteries) {
+    for t in traces {
         let row = serde_json::json!({
             "trace_id": t.trace_id,
             "framework": t.agent,
             "deficiency_id": t.truth.id(),
             "train": train_ids.contains(&t.trace_id),
-            "lines": detect::probes::battery_lines(battery),
+            "lines": detect::probes::battery_lines(&batteries[&t.trace_id]),
             "input": features.map(|f| &f[&t.trace_id]),
         });
         writeln!(out, "{row}").with_context(|| format!("writing {}", tmp.display()))?;
@@ -821,17 +809,8 @@ fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Resul
         standardise: true,
         raw_tail: h.raw_terms(),
     };
-    let frames = match h.frame {
-        rl::config::FrameBy::None => BTreeMap::new(),
-        rl::config::FrameBy::Framework => rl::head::frames(train, x)?,
-    };
-    let framed;
-    let x = if frames.is_empty() {
-        x
-    } else {
-        framed = rl::head::framed_inputs(train, x, &frames);
-        &framed[..]
-    };
+    let (frames, x) = rl::head::framed_fit(h.frame, train, x)?;
+    let x = &x[..];
     let mut head = rl::head::fit(train, x, None, h.terms, &options, |_| {})?;
     if h.none_target > 0.0 {
         let read = rl::head::out_of_fold(train, x, h.folds, h.folds_by, &options)?;
@@ -990,10 +969,10 @@ fn markdown(r: &Report) -> String {
                 "| {} | {} | {} | {} / {} | {} |\n",
                 p.detector,
                 p.against,
-                points(&p.type_difference),
-                p.won,
-                p.lost,
-                points(&p.false_positive_difference)
+                points(&p.difference.type_difference),
+                p.difference.won,
+                p.difference.lost,
+                points(&p.difference.false_positive_difference)
             ));
         }
     }
