@@ -43,6 +43,9 @@ enum Command {
     /// Set a checkpoint's operating point on your own healthy runs (a conformal threshold that
     /// bounds the false-positive rate on runs like them), saved beside the checkpoint.
     Calibrate(cli::calibrate::CalibrateArgs),
+    /// Receive OpenTelemetry traces (OTLP/HTTP) as agents export them, diagnose each trace
+    /// when it ends, and serve the verdicts (live page, JSON, gen_ai.evaluation.result events).
+    Collect(cli::collect::CollectArgs),
     /// Self-play training: warm start on expert demonstrations, then PPO on the Injector and
     /// Detector adapters, with checkpoints and held-out evaluation.
     Train(cli::train::TrainArgs),
@@ -72,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Corpus(args) => cli::corpus::run(args),
         Command::Eval(args) => cli::eval::run(args),
         Command::Calibrate(args) => cli::calibrate::run(args),
+        Command::Collect(args) => cli::collect::run(args),
         Command::Train(args) => cli::train::run(args),
         Command::Report(args) => cli::report::run(args),
     };

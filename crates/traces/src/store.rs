@@ -379,6 +379,24 @@ impl Store {
         self.commit(&mut prepared)
     }
 
+    /// Imports text held in memory (an OTLP request body, a document assembled from received
+    /// spans) exactly as [`Store::import_file`] imports a file, in one transaction. With
+    /// `replace`, traces already in the store under the same ids are replaced by the new ones
+    /// in that transaction (their labels are kept): a trace that grew after it was first
+    /// stored, as a live receiver sees it. Without it, an existing trace id is refused.
+    pub fn import_text(
+        &mut self,
+        text: &str,
+        format: Format,
+        source: &str,
+        replace: bool,
+    ) -> Result<ImportReport> {
+        let (format, batch) = crate::import::read_text(source, text, format)?;
+        let mut prepared = prepare(batch, source, format, &ImportOptions::default())?;
+        prepared.replace = replace;
+        self.commit(&mut prepared)
+    }
+
     /// Imports several files, each in its own transaction and in the given order (so with
     /// duplicate trace ids the earlier file wins). Reading, parsing and validating run on up
     /// to `workers` threads while this thread commits; the results come back in file order,
@@ -480,6 +498,7 @@ impl Store {
             traces,
             labels,
             warnings,
+            replace,
         } = prepared;
         let (source, format) = (source.as_str(), *format);
         let imported_at = std::time::SystemTime::now()
@@ -490,6 +509,14 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         {
+            if *replace {
+                for trace in traces.iter() {
+                    for table in ["spans", "trace_tools", "traces"] {
+                        tx.prepare_cached(&format!("DELETE FROM {table} WHERE trace_id = ?1"))?
+                            .execute([&trace.row.trace_id])?;
+                    }
+                }
+            }
             let mut existing =
                 tx.prepare_cached("SELECT source FROM traces WHERE trace_id = ?1")?;
             for trace in traces.iter() {
@@ -825,6 +852,8 @@ struct Prepared {
     traces: Vec<EncodedTrace>,
     labels: Vec<Label>,
     warnings: Vec<String>,
+    /// Replace traces already stored under the same ids instead of refusing them.
+    replace: bool,
 }
 
 /// Everything of an import that needs no database: validation, derived columns, JSON
@@ -874,6 +903,7 @@ fn prepare(
         traces,
         labels,
         warnings,
+        replace: false,
     })
 }
 

@@ -353,6 +353,21 @@ fn verdict_card(
     out.push_str("</div>");
 }
 
+/// A page that reloads itself every `seconds` (a live list of verdicts).
+pub fn refreshing(page: &str, seconds: u32) -> String {
+    match page.find("<head>\n") {
+        Some(i) => {
+            let at = i + "<head>\n".len();
+            format!(
+                "{}<meta http-equiv=\"refresh\" content=\"{seconds}\">\n{}",
+                &page[..at],
+                &page[at..]
+            )
+        }
+        None => page.to_string(),
+    }
+}
+
 /// One row of the evaluation index: a detector's answer on a trace.
 #[derive(Debug, Clone)]
 pub struct IndexRow {

@@ -135,6 +135,9 @@ pub fn load_baseline(path: &Path) -> Result<PolicyModel> {
         .with_context(|| format!("loading the baseline model {}", path.display()))
 }
 
+/// Makes one trained-Detector policy per investigation.
+pub type HeadPolicies = Box<dyn FnMut() -> Box<dyn detect::Policy> + Send>;
+
 /// A trained Detector from `dir` (a `step-N` checkpoint): its run configuration, its base
 /// model and its Detector adapter, ready to investigate.
 pub struct Trained {
@@ -314,6 +317,16 @@ impl Trained {
         let (head, reader, shared) = self.head_parts()?;
         Ok((
             rl::head::evaluation_policy(&shared, &head, &reader),
+            rl::evaluate::learned_config(detect::probes::battery_turns()),
+        ))
+    }
+
+    /// A fresh whole-choice Detector policy per call, sharing one model, and the episode
+    /// configuration they run under: for a receiver that diagnoses trace after trace.
+    pub fn head_policies(self) -> Result<(HeadPolicies, detect::Config)> {
+        let (head, reader, shared) = self.head_parts()?;
+        Ok((
+            Box::new(move || rl::head::evaluation_policy(&shared, &head, &reader)),
             rl::evaluate::learned_config(detect::probes::battery_turns()),
         ))
     }

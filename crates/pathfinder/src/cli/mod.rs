@@ -2,6 +2,7 @@
 
 pub mod agents;
 pub mod calibrate;
+pub mod collect;
 pub mod corpus;
 pub mod detect;
 pub mod eval;

@@ -197,19 +197,29 @@ pub fn read_file(path: &Path, format: Format) -> Result<(Format, Batch)> {
     let text = check_utf8(&source, &bytes)?;
     let format = match format {
         Format::Auto => detect_format(path, text)?,
+        f => f,
+    };
+    read_text(&source, text, format)
+}
+
+/// Reads text held in memory with the given importer into a batch; `source` names it in
+/// errors. `Auto` sniffs the content as for a file without an extension.
+pub fn read_text(source: &str, text: &str, format: Format) -> Result<(Format, Batch)> {
+    let format = match format {
+        Format::Auto => detect_format(Path::new(source), text)?,
         Format::Spans => {
             return Err(Error::malformed(
-                &source,
+                source,
                 "format",
-                "`spans` is for in-memory imports; files are otlp, jsonl or chatlog",
+                "`spans` is for in-memory imports; text is otlp, jsonl or chatlog",
             ))
         }
         f => f,
     };
     let batch = match format {
-        Format::Otlp => otlp::parse(&source, text)?,
-        Format::Jsonl => jsonl::parse(&source, text)?,
-        Format::Chatlog => chatlog::parse(&source, text)?,
+        Format::Otlp => otlp::parse(source, text)?,
+        Format::Jsonl => jsonl::parse(source, text)?,
+        Format::Chatlog => chatlog::parse(source, text)?,
         Format::Spans | Format::Auto => unreachable!("resolved above"),
     };
     Ok((format, batch))
