@@ -237,28 +237,19 @@ fn main() {
         "spans acknowledged but not in the inbox"
     );
 
-    // 2. Diagnosis: the backlog of ended traces, worked off by the finisher (which was
-    //    already diagnosing while the senders sent).
-    let diagnosing = Instant::now();
+    // 2. Diagnosis: the finisher works off the backlog of ended traces (it was already
+    //    diagnosing while the senders sent); its rate over `seconds`, then the receiver stops
+    //    (what is left stays in the inbox, as a restart would find it).
     let diagnosed_before = c["counts"]["diagnosed"].as_u64().unwrap() as usize;
-    loop {
-        let c = counts(addr);
-        if c["counts"]["open"] == 0 && c["counts"]["diagnosed"].as_u64().unwrap() as usize == traces
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let diagnose_s = diagnosing.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    let diagnosed_after = counts(addr)["counts"]["diagnosed"].as_u64().unwrap() as usize;
+    let diagnosis_rate = (diagnosed_after - diagnosed_before) as f64 / a.seconds;
     let stored: i64 = traces::Store::open_read_only(dir.path().join("live.sqlite"))
         .unwrap()
         .connection()
         .query_row("SELECT COUNT(*) FROM spans", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(
-        stored as usize, acknowledged,
-        "spans acknowledged but not in the store"
-    );
+    assert!(stored as usize <= acknowledged);
     collector.stop().unwrap();
 
     // 3. The offline path on the same spans: OTLP/JSON files loaded by the store's importer.
@@ -287,7 +278,6 @@ fn main() {
     let quiet_ms = 500;
     let collector = start(dir.path(), quiet_ms);
     let addr = collector.addr();
-    let diagnosis_rate = (traces - diagnosed_before) as f64 / diagnose_s;
     let rate = (diagnosis_rate * 0.5).clamp(0.5, 20.0);
     let gap = Duration::from_secs_f64(1.0 / rate);
     let steady = ((a.seconds * rate) as usize).max(20);
@@ -324,8 +314,8 @@ fn main() {
     println!("| measure | value |");
     println!("|---|---|");
     println!(
-        "| spans acknowledged (durable) / stored / lost | {acknowledged} / {stored} / {} |",
-        acknowledged - stored as usize
+        "| spans acknowledged / durable in the inbox / lost | {acknowledged} / {received} / {} |",
+        acknowledged - received
     );
     println!("| ingestion, spans/s acknowledged ({} requests retried after 429/503) | {ingest_rate:.0} |", retried);
     println!("| offline reference: the same spans as OTLP/JSON files through the importer, spans/s | {offline_rate:.0} |");
@@ -334,8 +324,8 @@ fn main() {
         ingest_rate / offline_rate
     );
     println!(
-        "| expert diagnosis of the backlog, traces/s ({} of {traces} traces left when sending stopped) | {diagnosis_rate:.1} |",
-        traces - diagnosed_before
+        "| expert diagnosis (store + investigate + record), traces/s over {} s of the backlog ({diagnosed_after} of {traces} traces diagnosed, {stored} spans in the store) | {diagnosis_rate:.1} |",
+        a.seconds
     );
     println!(
         "| last span to verdict at {rate:.1} traces/s ({steady} traces, quiet period {quiet_ms} ms included): p50 / p99 ms | {:.0} / {:.0} |",

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 mod http;
 
 #[path = "support/cdp.rs"]
+#[allow(dead_code)]
 mod cdp;
 
 fn pathfinder() -> Command {
@@ -327,7 +328,7 @@ fn sigkill_mid_stream_loses_no_acknowledged_span_and_every_finished_trace_is_dia
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(800));
     let mut receiver = receiver;
     receiver.child.kill().unwrap(); // SIGKILL
     receiver.child.wait().unwrap();
@@ -414,6 +415,9 @@ fn the_live_page_lists_verdicts_and_opens_each_investigation_in_a_browser() {
         heading.as_str().unwrap().contains("3 traces diagnosed"),
         "{heading}"
     );
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser");
+    std::fs::create_dir_all(&shots).unwrap();
+    browser.screenshot(&shots.join("live.png"));
     let href = browser.eval("document.querySelector('table.index tbody tr a').href");
     let trace_page = browser.open(href.as_str().unwrap());
     assert_eq!(trace_page.foreign_requests(), Vec::<String>::new());
