@@ -239,7 +239,8 @@ fn check_span(
 /// resource and scope as they came.
 pub fn assemble<'a>(rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> String {
     // (resource, [(scope, [span])]) in first-seen order.
-    let mut groups: Vec<(&str, Vec<(&str, Vec<&str>)>)> = Vec::new();
+    type Scopes<'s> = Vec<(&'s str, Vec<&'s str>)>;
+    let mut groups: Vec<(&str, Scopes)> = Vec::new();
     for (resource, scope, span) in rows {
         let r = match groups.iter().position(|g| g.0 == resource) {
             Some(i) => i,
