@@ -141,6 +141,25 @@ fn main() {
             });
         }
     };
+    // The caller computes its share of the rows while the pool computes the rest: the pool's
+    // wake-up is hidden behind the caller's own work.
+    let shared = |outs: &mut Vec<Vec<f32>>| {
+        let threads = rayon::current_num_threads().max(1);
+        for (i, &(n, k)) in shapes.iter().enumerate() {
+            let own = (n / threads).div_ceil(64) * 64;
+            let (mine, rest) = outs[i].split_at_mut(own.min(n));
+            let w = &weights[i];
+            rayon::in_place_scope(|s| {
+                s.spawn(|_| {
+                    rest.par_chunks_mut(64).enumerate().for_each(|(c, o)| {
+                        let start = own + c * 64;
+                        rows(&x[..k], &w[start * k..(start + o.len()) * k], o, k)
+                    })
+                });
+                rows(&x[..k], &w[..mine.len() * k], mine, k);
+            });
+        }
+    };
     println!(
         "{} products, {:.0} MB of f32 weights a token; tokens/s (GB/s of weights read), best of {repeats}:",
         shapes.len(),
@@ -167,6 +186,10 @@ fn main() {
     time("split over the pool from a thread outside it", &mut |o| {
         split(o)
     });
+    time(
+        "the caller computes its share, the pool the rest",
+        &mut |o| shared(o),
+    );
     // `rayon::scope` runs its body on a thread of the pool.
     time("split over the pool from one of its threads", &mut |o| {
         rayon::scope(|_| split(o))

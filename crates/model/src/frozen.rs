@@ -183,15 +183,39 @@ mod skinny {
 
     /// `(x·Wᵀ)ᵀ` as `(n, m)`: each task takes [`COLUMNS`] rows of `W` and dots each with every
     /// row of `x`.
+    ///
+    /// Called from a thread outside rayon's pool (decoding), the caller computes its own share
+    /// of the rows while the pool computes the rest, instead of handing everything over and
+    /// sleeping until a worker wakes it: the wake-up is hidden behind the caller's work, and
+    /// one more thread streams the weights. On the 2-core KVM machines one row decoded 1.3x
+    /// faster in `benches/decode_bound.rs` (BENCHMARKS.md, issue 59). The caller runs nothing
+    /// but its own share (a thread outside the pool never steals the pool's jobs while it
+    /// waits), so no other work can enter it.
     fn columns_then_rows(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
         let mut yt = vec![0f32; n * m];
+        let threads = rayon::current_num_threads();
+        if rayon::current_thread_index().is_some() || threads < 2 || n < 2 * COLUMNS {
+            blocks(x, w, &mut yt, m, k, 0);
+            return yt;
+        }
+        let own = (n / threads).div_ceil(COLUMNS) * COLUMNS;
+        let (mine, rest) = yt.split_at_mut(own.min(n) * m);
+        rayon::in_place_scope(|s| {
+            s.spawn(|_| blocks(x, w, rest, m, k, own));
+            block_dispatch(x, &w[..own.min(n) * k], mine, m, k);
+        });
+        yt
+    }
+
+    /// The rows of `(x·Wᵀ)ᵀ` from row `first` of `W` on, into `yt`, [`COLUMNS`] rows a task.
+    fn blocks(x: &[f32], w: &[f32], yt: &mut [f32], m: usize, k: usize, first: usize) {
         yt.par_chunks_mut(m * COLUMNS)
             .enumerate()
             .for_each(|(c, block)| {
-                let w = &w[c * COLUMNS * k..(c * COLUMNS + block.len() / m) * k];
+                let start = first + c * COLUMNS;
+                let w = &w[start * k..(start + block.len() / m) * k];
                 block_dispatch(x, w, block, m, k)
             });
-        yt
     }
 
     fn block_dispatch(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize) {
@@ -323,20 +347,28 @@ mod tests {
     #[test]
     fn a_few_rows_on_the_cpu_match_the_plain_product() {
         let dev = Device::Cpu;
-        // 70 columns: one full task of 64 and a short one; 150 features: nine
-        // 16-wide chunks of partial sums and a tail.
-        let w = Tensor::randn(0f32, 1.0, (70, 150), &dev).unwrap();
-        for rows in [1, 3, 4, 7, skinny::MAX_ROWS] {
-            let x = Tensor::randn(0f32, 1.0, (1, rows, 150), &dev).unwrap();
-            let ours = inference_matmul(&x, &w).unwrap();
-            let plain = x.broadcast_matmul(&w.t().unwrap()).unwrap();
-            assert_eq!(ours.dims(), &[1, rows, 70]);
-            assert!(
-                diff(&ours, &plain) < 1e-4,
-                "{rows} rows: {}",
-                diff(&ours, &plain)
-            );
+        // 70 columns: one full task of 64 and a short one, all on the pool; 333 columns: the
+        // calling thread's share (192) and the pool's (two full tasks and a short one); 150
+        // features: nine 16-wide chunks of partial sums and a tail. Called from the test's
+        // thread (outside the pool) and from a thread of the pool.
+        for columns in [70, 333] {
+            let w = Tensor::randn(0f32, 1.0, (columns, 150), &dev).unwrap();
+            for rows in [1, 3, 4, 7, skinny::MAX_ROWS] {
+                let x = Tensor::randn(0f32, 1.0, (1, rows, 150), &dev).unwrap();
+                let plain = x.broadcast_matmul(&w.t().unwrap()).unwrap();
+                let outside = inference_matmul(&x, &w).unwrap();
+                let inside = rayon::scope(|_| inference_matmul(&x, &w).unwrap());
+                for ours in [outside, inside] {
+                    assert_eq!(ours.dims(), &[1, rows, columns]);
+                    assert!(
+                        diff(&ours, &plain) < 1e-4,
+                        "{rows} rows, {columns} columns: {}",
+                        diff(&ours, &plain)
+                    );
+                }
+            }
         }
+        let w = Tensor::randn(0f32, 1.0, (70, 150), &dev).unwrap();
         // More rows than the path takes go to the GEMM; a row-strided input is read as it is.
         let x = Tensor::randn(0f32, 1.0, (skinny::MAX_ROWS + 1, 150), &dev).unwrap();
         assert!(skinny::product(&x, &w).unwrap().is_none());
