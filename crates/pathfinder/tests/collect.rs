@@ -22,6 +22,9 @@ mod http;
 #[allow(dead_code)]
 mod cdp;
 
+#[path = "support/warm.rs"]
+mod warm;
+
 fn pathfinder() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pathfinder"))
 }
@@ -428,5 +431,127 @@ fn the_live_page_lists_verdicts_and_opens_each_investigation_in_a_browser() {
     assert_eq!(seen["spans"], json!(4), "{seen}");
     assert_eq!(seen["verdicts"], json!(["expert"]), "{seen}");
     browser.close();
+    receiver.terminate();
+}
+
+/// A stored trace as one OTLP/JSON request: its spans from `traces export` (the agents' JSON
+/// Lines), under new hex ids, with each span's kind as OpenInference names it.
+fn as_otlp(db: &Path, trace: &str, trace_hex: &str, dir: &Path) -> String {
+    let exported = traces::Store::open_read_only(db)
+        .unwrap()
+        .export_trace(trace, dir)
+        .unwrap();
+    let lines = std::fs::read_to_string(exported.spans_jsonl).unwrap();
+    let spans: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: std::collections::HashMap<String, String> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                s["span_id"].as_str().unwrap().to_string(),
+                format!("{:016x}", i + 1),
+            )
+        })
+        .collect();
+    let any = |v: &Value| match v {
+        Value::String(s) => json!({"stringValue": s}),
+        Value::Bool(b) => json!({"boolValue": b}),
+        Value::Number(n) if n.is_i64() => json!({"intValue": n.to_string()}),
+        Value::Number(n) => json!({"doubleValue": n}),
+        other => json!({"stringValue": other.to_string()}),
+    };
+    let otlp: Vec<Value> = spans
+        .iter()
+        .map(|s| {
+            let mut attributes: Vec<Value> = s["attributes"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| json!({"key": k, "value": any(v)})).collect())
+                .unwrap_or_default();
+            let kind = s["kind"].as_str().unwrap_or("other").to_ascii_uppercase();
+            attributes.push(json!({"key": "openinference.span.kind", "value": {"stringValue": kind}}));
+            let mut span = json!({
+                "traceId": trace_hex,
+                "spanId": ids[s["span_id"].as_str().unwrap()],
+                "name": s["name"],
+                "startTimeUnixNano": s["start_time_unix_nano"].to_string(),
+                "endTimeUnixNano": s["end_time_unix_nano"].to_string(),
+                "status": {"code": match s["status"]["code"].as_str() { Some("ERROR") => 2, Some("OK") => 1, _ => 0 },
+                           "message": s["status"]["message"]},
+                "attributes": attributes,
+            });
+            if let Some(parent) = s["parent_span_id"].as_str().and_then(|p| ids.get(p)) {
+                span["parentSpanId"] = json!(parent);
+            }
+            span
+        })
+        .collect();
+    json!({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"scope": {"name": "test"}, "spans": otlp}]}]})
+        .to_string()
+}
+
+#[test]
+fn a_trained_checkpoint_diagnoses_what_it_receives_as_detect_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _, checkpoint) = warm::warm_started(dir.path());
+    let ids: Vec<String> = traces::Store::open_read_only(&db)
+        .unwrap()
+        .trace_ids()
+        .unwrap();
+    let live = dir.path().join("live.sqlite");
+    let receiver = Receiver::start(&live, &["--checkpoint", checkpoint.to_str().unwrap()]);
+    let mut sent = Vec::new();
+    for (i, id) in ids.iter().take(3).enumerate() {
+        let hex = format!("{:032x}", 0xc0ffee00 + i);
+        let doc = as_otlp(&db, id, &hex, &dir.path().join(format!("export-{i}")));
+        let r = http::request(
+            receiver.addr,
+            "POST",
+            "/v1/traces",
+            &[("Content-Type", "application/json")],
+            doc.as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let file = dir.path().join(format!("sent-{i}.json"));
+        std::fs::write(&file, &doc).unwrap();
+        sent.push((hex, file));
+    }
+    let verdicts = receiver.verdicts(sent.len(), Duration::from_secs(300));
+    let imported = dir.path().join("imported.sqlite");
+    for (hex, file) in &sent {
+        check(
+            pathfinder()
+                .args(["traces", "import", "--db"])
+                .arg(&imported)
+                .arg(file)
+                .output()
+                .unwrap(),
+        );
+        let answer = check(
+            pathfinder()
+                .args(["detect", "--trace", hex, "--db"])
+                .arg(&imported)
+                .arg("--policy")
+                .arg(format!("checkpoint:{}", checkpoint.display()))
+                .output()
+                .unwrap(),
+        );
+        let v = verdicts
+            .iter()
+            .find(|v| v["trace_id"] == hex.as_str())
+            .unwrap();
+        assert!(
+            v["detector"].as_str().unwrap().starts_with("checkpoint:"),
+            "{v}"
+        );
+        assert_eq!(
+            v["explanation"].as_str().unwrap(),
+            answer.trim(),
+            "trace {hex}"
+        );
+    }
     receiver.terminate();
 }

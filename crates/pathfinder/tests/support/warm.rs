@@ -1,0 +1,79 @@
+//! A warm-started checkpoint on a tiny model and the synthetic corpus, for the tests of the
+//! commands that take a checkpoint (`calibrate`, `eval`, `detect`, `collect`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn pathfinder() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pathfinder"))
+}
+
+fn ok(out: Output, what: &str) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// A synthetic corpus whose traces come from two frameworks (alternate scenarios), a whole-
+/// choice run configuration on a tiny model, and that run's warm-started checkpoint.
+pub fn warm_started(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let corpus = dir.join("corpus");
+    rl::testing::synthetic_corpus(&corpus).unwrap();
+    let db = corpus.join("store.sqlite");
+    let store = traces::Store::open(&db).unwrap();
+    store
+        .connection()
+        .execute_batch(
+            "UPDATE labels SET source = json_set(source, '$.agent', \
+             CASE WHEN label_id % 2 = 0 THEN 'alpha' ELSE 'beta' END)",
+        )
+        .unwrap();
+    drop(store);
+    let gguf = dir.join("tiny.gguf");
+    model::testing::write_tiny_gguf(&gguf, 8192, 17).unwrap();
+    let config = dir.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[model]
+path = "{}"
+[lora]
+rank = 2
+alpha = 4.0
+[run]
+seed = 5
+steps = 1
+agents = ["toolcaller"]
+injections_per_step = 1
+[detector]
+decision = "head"
+[head]
+max_epochs = 40
+patience = 10
+[eval]
+corpus = "{}"
+split = "val+test"
+"#,
+            gguf.display(),
+            corpus.display()
+        ),
+    )
+    .unwrap();
+    let runs = dir.join("runs");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    ok(
+        pathfinder()
+            .args(["train", "--sft", "--run", "r", "--root"])
+            .arg(&root)
+            .arg("--config")
+            .arg(&config)
+            .arg("--runs-dir")
+            .arg(&runs)
+            .output()
+            .unwrap(),
+        "train --sft",
+    );
+    (db, config, runs.join("r").join("step-0"))
+}
