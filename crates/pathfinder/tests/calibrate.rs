@@ -4,22 +4,10 @@
 //! calibration is worth (BENCHMARKS.md measures that).
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 #[path = "support/warm.rs"]
 mod warm;
-use warm::warm_started;
-
-fn pathfinder() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pathfinder"))
-}
-
-fn ok(out: Output, what: &str) -> (String, String) {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
-    (stdout, stderr)
-}
+use warm::{ok, pathfinder, warm_started};
 
 fn split_ids(db: &Path, split: &str) -> Vec<String> {
     std::fs::read_to_string(db.with_file_name("splits").join(format!("{split}.jsonl")))

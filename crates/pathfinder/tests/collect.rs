@@ -23,6 +23,7 @@ mod http;
 mod cdp;
 
 #[path = "support/warm.rs"]
+#[allow(dead_code)]
 mod warm;
 
 fn pathfinder() -> Command {

@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn pathfinder() -> Command {
+pub fn pathfinder() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pathfinder"))
 }
 
-fn ok(out: Output, what: &str) -> (String, String) {
+pub fn ok(out: Output, what: &str) -> (String, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
