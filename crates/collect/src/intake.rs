@@ -135,7 +135,8 @@ pub struct Intake {
 
 /// Splits a request document into spans. A document whose structure is not an
 /// `ExportTraceServiceRequest` is refused whole; a span the importer would refuse is rejected
-/// alone, the others kept.
+/// alone, the others kept. The importer reads the whole document once; only when it refuses
+/// something is each span read alone, to tell the good ones from the bad.
 pub fn split(doc: &Value) -> Result<Intake, Refusal> {
     let malformed = |path: &str, what: &str| Refusal::Malformed(format!("`{path}`: {what}"));
     let root = doc
@@ -150,51 +151,83 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
         Value::Array(list) => list,
         _ => return Err(malformed("resourceSpans", "expected an array")),
     };
+    // Every span with its resource and scope (and their texts, by index) and its path, in
+    // document order.
+    let mut found: Vec<(&Value, &Value, &Value, String, usize, usize)> = Vec::new();
+    let (mut resource_texts, mut scope_texts) = (Vec::new(), Vec::new());
+    let empty = json!({});
     for (r, rs) in resource_spans.iter().enumerate() {
         let rpath = format!("resourceSpans[{r}]");
         let rs = rs
             .as_object()
             .ok_or_else(|| malformed(&rpath, "expected an object"))?;
-        let resource = rs.get("resource").cloned().unwrap_or(json!({}));
-        let resource_text = resource.to_string();
-        let scope_spans = match rs.get("scopeSpans") {
+        let resource = rs.get("resource").unwrap_or(&empty);
+        resource_texts.push(resource.to_string());
+        // `instrumentationLibrarySpans` is the pre-1.0 name of `scopeSpans`, as the importer
+        // reads it.
+        let (key, scope_key) = if rs.contains_key("scopeSpans") {
+            ("scopeSpans", "scope")
+        } else {
+            ("instrumentationLibrarySpans", "instrumentationLibrary")
+        };
+        let scope_spans = match rs.get(key) {
             None | Some(Value::Null) => continue,
             Some(Value::Array(list)) => list,
-            Some(_) => {
-                return Err(malformed(
-                    &format!("{rpath}.scopeSpans"),
-                    "expected an array",
-                ))
-            }
+            Some(_) => return Err(malformed(&format!("{rpath}.{key}"), "expected an array")),
         };
         for (s, ss) in scope_spans.iter().enumerate() {
-            let spath = format!("{rpath}.scopeSpans[{s}]");
+            let spath = format!("{rpath}.{key}[{s}]");
             let ss = ss
                 .as_object()
                 .ok_or_else(|| malformed(&spath, "expected an object"))?;
-            let scope = ss.get("scope").cloned().unwrap_or(json!({}));
-            let scope_text = scope.to_string();
+            let scope = ss.get(scope_key).unwrap_or(&empty);
+            scope_texts.push(scope.to_string());
             let spans = match ss.get("spans") {
                 None | Some(Value::Null) => continue,
                 Some(Value::Array(list)) => list,
                 Some(_) => return Err(malformed(&format!("{spath}.spans"), "expected an array")),
             };
             for (k, span) in spans.iter().enumerate() {
-                match check_span(&resource, &scope, span) {
-                    Ok((trace_id, span_id, is_root)) => intake.rows.push(SpanRow {
-                        trace_id,
-                        span_id,
-                        is_root,
-                        resource: resource_text.clone(),
-                        scope: scope_text.clone(),
-                        span: span.to_string(),
-                    }),
-                    Err(reason) => {
-                        intake.rejected += 1;
-                        if intake.first_error.is_none() {
-                            intake.first_error = Some(format!("{spath}.spans[{k}]: {reason}"));
-                        }
-                    }
+                found.push((
+                    resource,
+                    scope,
+                    span,
+                    format!("{spath}.spans[{k}]"),
+                    resource_texts.len() - 1,
+                    scope_texts.len() - 1,
+                ));
+            }
+        }
+    }
+    let whole = traces::import::read_text("request", &doc.to_string(), traces::Format::Otlp)
+        .ok()
+        .map(|(_, batch)| batch.spans)
+        .filter(|spans| spans.len() == found.len());
+    for (i, (resource, scope, span, path, r, c)) in found.iter().enumerate() {
+        let read = match &whole {
+            Some(spans) => {
+                let s = &spans[i].span;
+                Ok((
+                    s.trace_id.clone(),
+                    s.span_id.clone(),
+                    s.parent_span_id.is_none(),
+                ))
+            }
+            None => check_span(resource, scope, span),
+        };
+        match read {
+            Ok((trace_id, span_id, is_root)) => intake.rows.push(SpanRow {
+                trace_id,
+                span_id,
+                is_root,
+                resource: resource_texts[*r].clone(),
+                scope: scope_texts[*c].clone(),
+                span: span.to_string(),
+            }),
+            Err(reason) => {
+                intake.rejected += 1;
+                if intake.first_error.is_none() {
+                    intake.first_error = Some(format!("{path}: {reason}"));
                 }
             }
         }
@@ -313,6 +346,16 @@ mod tests {
             error.starts_with("resourceSpans[0].scopeSpans[0].spans[1]: traceId"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn pre_1_0_documents_are_read_as_the_importer_reads_them() {
+        let t = "0af7651916cd43dd8448eb211c80319c";
+        let doc = json!({"resourceSpans": [{"instrumentationLibrarySpans": [{"instrumentationLibrary": {"name": "old"},
+            "spans": [span(t, "b7ad6b7169203331", None)]}]}]});
+        let intake = split(&doc).unwrap();
+        assert_eq!((intake.rows.len(), intake.rejected), (1, 0));
+        assert_eq!(intake.rows[0].scope, "{\"name\":\"old\"}");
     }
 
     #[test]
