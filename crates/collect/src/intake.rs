@@ -151,10 +151,11 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
         Value::Array(list) => list,
         _ => return Err(malformed("resourceSpans", "expected an array")),
     };
-    // Every span with its resource and scope (and their texts, by index) and its path, in
-    // document order.
-    let mut found: Vec<(&Value, &Value, &Value, String, usize, usize)> = Vec::new();
-    let (mut resource_texts, mut scope_texts) = (Vec::new(), Vec::new());
+    // Every span in document order, and the resources and scopes it came under with their
+    // JSON text (the inbox keeps that text with each span).
+    let mut found: Vec<Found> = Vec::new();
+    let mut resources: Vec<(&Value, String)> = Vec::new();
+    let mut scopes: Vec<(&Value, String)> = Vec::new();
     let empty = json!({});
     for (r, rs) in resource_spans.iter().enumerate() {
         let rpath = format!("resourceSpans[{r}]");
@@ -162,7 +163,7 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
             .as_object()
             .ok_or_else(|| malformed(&rpath, "expected an object"))?;
         let resource = rs.get("resource").unwrap_or(&empty);
-        resource_texts.push(resource.to_string());
+        resources.push((resource, resource.to_string()));
         // `instrumentationLibrarySpans` is the pre-1.0 name of `scopeSpans`, as the importer
         // reads it.
         let (key, scope_key) = if rs.contains_key("scopeSpans") {
@@ -181,21 +182,19 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
                 .as_object()
                 .ok_or_else(|| malformed(&spath, "expected an object"))?;
             let scope = ss.get(scope_key).unwrap_or(&empty);
-            scope_texts.push(scope.to_string());
+            scopes.push((scope, scope.to_string()));
             let spans = match ss.get("spans") {
                 None | Some(Value::Null) => continue,
                 Some(Value::Array(list)) => list,
                 Some(_) => return Err(malformed(&format!("{spath}.spans"), "expected an array")),
             };
             for (k, span) in spans.iter().enumerate() {
-                found.push((
-                    resource,
-                    scope,
+                found.push(Found {
                     span,
-                    format!("{spath}.spans[{k}]"),
-                    resource_texts.len() - 1,
-                    scope_texts.len() - 1,
-                ));
+                    path: format!("{spath}.spans[{k}]"),
+                    resource: resources.len() - 1,
+                    scope: scopes.len() - 1,
+                });
             }
         }
     }
@@ -203,7 +202,9 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
         .ok()
         .map(|(_, batch)| batch.spans)
         .filter(|spans| spans.len() == found.len());
-    for (i, (resource, scope, span, path, r, c)) in found.iter().enumerate() {
+    for (i, f) in found.iter().enumerate() {
+        let ((resource, resource_text), (scope, scope_text)) =
+            (&resources[f.resource], &scopes[f.scope]);
         let read = match &whole {
             Some(spans) => {
                 let s = &spans[i].span;
@@ -213,26 +214,34 @@ pub fn split(doc: &Value) -> Result<Intake, Refusal> {
                     s.parent_span_id.is_none(),
                 ))
             }
-            None => check_span(resource, scope, span),
+            None => check_span(resource, scope, f.span),
         };
         match read {
             Ok((trace_id, span_id, is_root)) => intake.rows.push(SpanRow {
                 trace_id,
                 span_id,
                 is_root,
-                resource: resource_texts[*r].clone(),
-                scope: scope_texts[*c].clone(),
-                span: span.to_string(),
+                resource: resource_text.clone(),
+                scope: scope_text.clone(),
+                span: f.span.to_string(),
             }),
             Err(reason) => {
                 intake.rejected += 1;
                 if intake.first_error.is_none() {
-                    intake.first_error = Some(format!("{path}: {reason}"));
+                    intake.first_error = Some(format!("{}: {reason}", f.path));
                 }
             }
         }
     }
     Ok(intake)
+}
+
+/// A span of a request, where it is, and which resource and scope it came under.
+struct Found<'a> {
+    span: &'a Value,
+    path: String,
+    resource: usize,
+    scope: usize,
 }
 
 /// Reads one span through the store's OTLP importer: its normalised ids and whether it is a

@@ -339,39 +339,60 @@ async fn ingest(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
 
 type Params = Query<HashMap<String, String>>;
 
-fn unauthorized_page() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        "a valid `Authorization: Bearer TOKEN` header or `?token=` is required\n",
-    )
-        .into_response()
-}
+/// A page or API request without the token the receiver wants: 401 with the reason.
+struct Unauthorized;
 
-/// Runs a blocking read of the inbox or the store off the async threads.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, Response> {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()),
-        Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()),
+impl IntoResponse for Unauthorized {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::UNAUTHORIZED,
+            "a valid `Authorization: Bearer TOKEN` header or `?token=` is required\n",
+        )
+            .into_response()
     }
 }
 
-fn read_inbox(path: &Path) -> Result<Inbox, String> {
-    Inbox::open_read_only(path).map_err(|e| e.to_string())
+/// What a page's or the JSON API's read can fail with (the inbox, the store, their SQLite).
+type ReadError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs a blocking read of the inbox or the store off the async threads; a failure is a 500
+/// with its reason.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
+) -> Result<T, Response> {
+    let result = match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result,
+        Err(e) => Err(e.into()),
+    };
+    result.map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response())
+}
+
+impl App {
+    /// The token a page request carries (`?token=`, to be put back into its links), or
+    /// `Unauthorized` when the receiver wants one and the request has none that matches.
+    fn admit(
+        &self,
+        headers: &HeaderMap,
+        query: &HashMap<String, String>,
+    ) -> Result<Option<String>, Unauthorized> {
+        let token = query.get("token").cloned();
+        if self.authorized(headers, token.as_deref()) {
+            Ok(token)
+        } else {
+            Err(Unauthorized)
+        }
+    }
 }
 
 async fn live_page(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Params) -> Response {
-    let token = q.get("token").cloned();
-    if !app.authorized(&headers, token.as_deref()) {
-        return unauthorized_page();
-    }
-    let app2 = Arc::clone(&app);
+    let token = match app.admit(&headers, &q) {
+        Ok(token) => token,
+        Err(refused) => return refused.into_response(),
+    };
     let page = blocking(move || {
-        let inbox = read_inbox(&app2.inbox)?;
-        let counts = inbox.counts().map_err(|e| e.to_string())?;
-        let rows = inbox.recent(app2.page_rows).map_err(|e| e.to_string())?;
+        let inbox = Inbox::open_read_only(&app.inbox)?;
+        let counts = inbox.counts()?;
+        let rows = inbox.recent(app.page_rows)?;
         let suffix = token
             .map(|t| format!("?token={}", percent_encode(&t)))
             .unwrap_or_default();
@@ -393,7 +414,7 @@ async fn live_page(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Pa
             counts.diagnosed, counts.open, counts.spans
         );
         Ok(view::refreshing(
-            &view::index_page(&title, &index, &app2.catalog),
+            &view::index_page(&title, &index, &app.catalog),
             5,
         ))
     })
@@ -410,16 +431,13 @@ async fn trace_page(
     headers: HeaderMap,
     Query(q): Params,
 ) -> Response {
-    let token = q.get("token").cloned();
-    if !app.authorized(&headers, token.as_deref()) {
-        return unauthorized_page();
-    }
-    let app2 = Arc::clone(&app);
+    let token = match app.admit(&headers, &q) {
+        Ok(token) => token,
+        Err(refused) => return refused.into_response(),
+    };
     let page = blocking(move || {
-        let inbox = read_inbox(&app2.inbox)?;
-        let found = inbox.verdict(&id).map_err(|e| e.to_string())?;
-        let store = traces::Store::open_read_only(&app2.store).map_err(|e| e.to_string())?;
-        let spans = store.spans(&id).map_err(|e| e.to_string())?;
+        let found = Inbox::open_read_only(&app.inbox)?.verdict(&id)?;
+        let spans = traces::Store::open_read_only(&app.store)?.spans(&id)?;
         if spans.is_empty() && found.is_none() {
             return Ok(None);
         }
@@ -438,7 +456,7 @@ async fn trace_page(
             trace_id: &id,
             spans: &spans,
             answers: &answers,
-            catalog: &app2.catalog,
+            catalog: &app.catalog,
             label: None,
             index_href: Some(&back),
         })))
@@ -456,8 +474,8 @@ async fn verdicts_json(
     headers: HeaderMap,
     Query(q): Params,
 ) -> Response {
-    if !app.authorized(&headers, q.get("token").map(String::as_str)) {
-        return unauthorized_page();
+    if let Err(refused) = app.admit(&headers, &q) {
+        return refused.into_response();
     }
     let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
         None => app.page_rows,
@@ -466,11 +484,10 @@ async fn verdicts_json(
             return (StatusCode::BAD_REQUEST, "`limit` must be a whole number\n").into_response()
         }
     };
-    let app2 = Arc::clone(&app);
     let body = blocking(move || {
-        let inbox = read_inbox(&app2.inbox)?;
-        let counts = inbox.counts().map_err(|e| e.to_string())?;
-        let rows = inbox.recent(limit).map_err(|e| e.to_string())?;
+        let inbox = Inbox::open_read_only(&app.inbox)?;
+        let counts = inbox.counts()?;
+        let rows = inbox.recent(limit)?;
         Ok(json!({"counts": counts, "verdicts": rows}))
     })
     .await;
@@ -486,15 +503,12 @@ async fn verdict_json(
     headers: HeaderMap,
     Query(q): Params,
 ) -> Response {
-    if !app.authorized(&headers, q.get("token").map(String::as_str)) {
-        return unauthorized_page();
+    if let Err(refused) = app.admit(&headers, &q) {
+        return refused.into_response();
     }
-    let app2 = Arc::clone(&app);
     let body = blocking(move || {
-        let inbox = read_inbox(&app2.inbox)?;
-        Ok(inbox
-            .verdict(&id)
-            .map_err(|e| e.to_string())?
+        Ok(Inbox::open_read_only(&app.inbox)?
+            .verdict(&id)?
             .map(|(row, transcript)| {
                 let transcript: Option<serde_json::Value> =
                     transcript.and_then(|t| serde_json::from_str(&t).ok());

@@ -187,8 +187,9 @@ mod skinny {
     /// Called from a thread outside rayon's pool (decoding), the caller computes its own share
     /// of the rows while the pool computes the rest, instead of handing everything over and
     /// sleeping until a worker wakes it: the wake-up is hidden behind the caller's work, and
-    /// one more thread streams the weights. On the 2-core KVM machines one row decoded 1.3x
-    /// faster in `benches/decode_bound.rs` (BENCHMARKS.md, issue 59). The caller runs nothing
+    /// one more thread streams the weights. On the 2-core KVM machines a token's bare products
+    /// ran 1.3x faster (`benches/decode_bound.rs`) and decoding 1.03–1.16x (BENCHMARKS.md,
+    /// issue 59). The caller runs nothing
     /// but its own share (a thread outside the pool never steals the pool's jobs while it
     /// waits), so no other work can enter it.
     fn columns_then_rows(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -198,11 +199,12 @@ mod skinny {
             blocks(x, w, &mut yt, m, k, 0);
             return yt;
         }
+        // At most half the rows (rounded up to a task), since n >= 2 * COLUMNS and threads >= 2.
         let own = (n / threads).div_ceil(COLUMNS) * COLUMNS;
-        let (mine, rest) = yt.split_at_mut(own.min(n) * m);
+        let (mine, rest) = yt.split_at_mut(own * m);
         rayon::in_place_scope(|s| {
             s.spawn(|_| blocks(x, w, rest, m, k, own));
-            block_dispatch(x, &w[..own.min(n) * k], mine, m, k);
+            block_dispatch(x, &w[..own * k], mine, m, k);
         });
         yt
     }

@@ -437,14 +437,13 @@ impl DecisionHead {
     /// head's input.
     pub fn set_frame(&mut self, frame: Option<Frame>) -> Result<()> {
         if let Some(f) = &frame {
-            let dim = self.type_model.mean.len();
-            if f.centre.len() != dim {
-                return Err(PolicyError::Calibration(format!(
+            self.check_width(f.centre.len(), |dim| {
+                format!(
                     "frame `{}` has {} inputs; this head reads {dim}",
                     f.name,
                     f.centre.len()
-                )));
-            }
+                )
+            })?;
         }
         self.frame = frame;
         Ok(())
@@ -452,18 +451,27 @@ impl DecisionHead {
 
     /// Attaches `calibration`, checking that a recentring shift fits the head's input.
     pub fn set_calibration(&mut self, calibration: Option<Calibration>) -> Result<()> {
-        if let Some(c) = &calibration {
-            let dim = self.type_model.mean.len();
-            if !c.recentre.is_empty() && c.recentre.len() != dim {
-                return Err(PolicyError::Calibration(format!(
+        if let Some(c) = calibration.as_ref().filter(|c| !c.recentre.is_empty()) {
+            self.check_width(c.recentre.len(), |dim| {
+                format!(
                     "calibration `{}` recentres {} values; this head reads {dim} (a calibration of another checkpoint?)",
                     c.name,
                     c.recentre.len()
-                )));
-            }
+                )
+            })?;
         }
         self.calibration = calibration;
         Ok(())
+    }
+
+    /// `Ok` when `len` values fit the head's input; else the error `describe(width)` says.
+    fn check_width(&self, len: usize, describe: impl FnOnce(usize) -> String) -> Result<()> {
+        let dim = self.type_model.mean.len();
+        if len == dim {
+            Ok(())
+        } else {
+            Err(PolicyError::Calibration(describe(dim)))
+        }
     }
 
     /// The class index of `none`, when the head has it.

@@ -347,7 +347,7 @@ impl Store {
         if let Some(trace_id) = rekey {
             batch.rekey(trace_id, &source)?;
         }
-        self.import_batch(batch, &source, format, options)
+        self.import_batch(batch, &source, format, options, false)
     }
 
     /// Imports spans built in memory (e.g. a Detector episode converted to spans) in one
@@ -365,17 +365,27 @@ impl Store {
                 .collect(),
             ..Batch::default()
         };
-        self.import_batch(batch, source, Format::Spans, &ImportOptions::default())
+        self.import_batch(
+            batch,
+            source,
+            Format::Spans,
+            &ImportOptions::default(),
+            false,
+        )
     }
 
+    /// Validates and commits a batch; with `replace`, traces already stored under its ids give
+    /// way to it in the same transaction.
     fn import_batch(
         &mut self,
         batch: Batch,
         source: &str,
         format: Format,
         options: &ImportOptions,
+        replace: bool,
     ) -> Result<ImportReport> {
         let mut prepared = prepare(batch, source, format, options)?;
+        prepared.replace = replace;
         self.commit(&mut prepared)
     }
 
@@ -392,9 +402,7 @@ impl Store {
         replace: bool,
     ) -> Result<ImportReport> {
         let (format, batch) = crate::import::read_text(source, text, format)?;
-        let mut prepared = prepare(batch, source, format, &ImportOptions::default())?;
-        prepared.replace = replace;
-        self.commit(&mut prepared)
+        self.import_batch(batch, source, format, &ImportOptions::default(), replace)
     }
 
     /// Imports several files, each in its own transaction and in the given order (so with
