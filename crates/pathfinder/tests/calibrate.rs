@@ -7,7 +7,7 @@ use std::path::Path;
 
 #[path = "support/warm.rs"]
 mod warm;
-use warm::{ok, pathfinder, warm_started};
+use warm::{ok, pathfinder, warm_started, warm_started_with};
 
 fn split_ids(db: &Path, split: &str) -> Vec<String> {
     std::fs::read_to_string(db.with_file_name("splits").join(format!("{split}.jsonl")))
@@ -115,6 +115,106 @@ fn calibrate_saves_a_threshold_that_eval_and_detect_name() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+#[test]
+fn a_framed_checkpoint_trains_without_a_framework_and_reads_it_through_a_calibrations_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    // Trained on `alpha` alone; `beta` is left out and evaluated whole.
+    let (db, _, checkpoint) = warm_started_with(
+        dir.path(),
+        "frame = \"framework\"",
+        &["--leave-out", "beta"],
+    );
+    let head: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint.join("detector/decision_head.json")).unwrap(),
+    )
+    .unwrap();
+    let frames: Vec<&String> = head["frames"].as_object().unwrap().keys().collect();
+    assert_eq!(frames, ["alpha"]);
+    let run = checkpoint.parent().unwrap();
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("leave_out = [\"beta\"]"), "{config}");
+    let left_out = std::fs::read_to_string(run.join("eval-left-out.jsonl")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(left_out.lines().next().unwrap()).unwrap();
+    assert_eq!(line["split"], "left out: beta");
+    // Every beta trace of every split, and none of alpha's in the held-out split.
+    let beta = |split: &str| {
+        let store = traces::Store::open_read_only(&db).unwrap();
+        split_ids(&db, split)
+            .iter()
+            .filter(|id| {
+                store
+                    .connection()
+                    .query_row(
+                        "SELECT json_extract(source, '$.agent') FROM labels WHERE trace_id = ?1",
+                        [id.as_str()],
+                        |r| r.get::<_, String>(0),
+                    )
+                    .unwrap()
+                    == "beta"
+            })
+            .count()
+    };
+    assert_eq!(
+        line["n"].as_u64().unwrap() as usize,
+        beta("train") + beta("val") + beta("test")
+    );
+    let held_out = std::fs::read_to_string(run.join("eval.jsonl")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(held_out.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        line["n"].as_u64().unwrap() as usize,
+        split_ids(&db, "val").len() + split_ids(&db, "test").len() - beta("val") - beta("test")
+    );
+
+    // Without a calibration `detect` reads a trace through its best guess, and says so.
+    let trace = &split_ids(&db, "test")[0];
+    let detect = || {
+        ok(
+            pathfinder()
+                .args(["detect", "--db"])
+                .arg(&db)
+                .args(["--trace", trace, "--policy"])
+                .arg(format!("checkpoint:{}", checkpoint.display()))
+                .output()
+                .unwrap(),
+            "detect",
+        )
+    };
+    let (_, stderr) = detect();
+    assert!(
+        stderr.contains("the median of 1 training frameworks' frames"),
+        "{stderr}"
+    );
+    // A calibration over the user's runs carries their median as the frame, and then it is
+    // the one used.
+    let healthy = split_ids(&db, "test")[..5].join(",");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["calibrate", "--db"])
+            .arg(&db)
+            .args(["--healthy", &healthy, "--name", "beta-runs", "--checkpoint"])
+            .arg(&checkpoint)
+            .output()
+            .unwrap(),
+        "calibrate",
+    );
+    assert!(
+        stdout.contains("relative to their typical input"),
+        "{stdout}"
+    );
+    let saved: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint.join("calibration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(saved["frame"]["traces"], 5);
+    assert_eq!(
+        saved["frame"]["centre"].as_array().unwrap().len(),
+        head["type_model"]["dim"].as_u64().unwrap() as usize
+    );
+    let (_, stderr) = detect();
+    assert!(!stderr.contains("training frameworks' frames"), "{stderr}");
+    assert!(stderr.contains("calibration `beta-runs`"), "{stderr}");
 }
 
 #[test]

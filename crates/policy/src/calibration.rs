@@ -26,6 +26,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::frame::Frame;
 use crate::{PolicyError, Result};
 use taxonomy::NONE;
 
@@ -51,6 +52,11 @@ pub struct Calibration {
     /// runs sit where ours did ([`recentre_shift`]). The scores above are of recentred inputs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recentre: Vec<f32>,
+    /// For a framed head ([`crate::frame`]): the healthy runs' typical input, the frame the
+    /// head reads every trace through under this calibration (the scores above are of inputs
+    /// read through it). Absent: the head's own choice of frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame: Option<Frame>,
 }
 
 impl Calibration {
@@ -87,6 +93,7 @@ impl Calibration {
             threshold,
             bound,
             recentre: Vec::new(),
+            frame: None,
         })
     }
 
@@ -94,6 +101,13 @@ impl Calibration {
     /// scores must have been taken on inputs moved the same way.
     pub fn with_recentre(mut self, shift: Vec<f32>) -> Calibration {
         self.recentre = shift;
+        self
+    }
+
+    /// This calibration with the framed head reading through `frame`; its scores must have
+    /// been taken through it.
+    pub fn with_frame(mut self, frame: Option<Frame>) -> Calibration {
+        self.frame = frame;
         self
     }
 
@@ -112,9 +126,14 @@ impl Calibration {
     /// One line for logs and reports.
     pub fn describe(&self) -> String {
         format!(
-            "calibration `{}`: {} healthy runs{}, threshold {:.3}, false positives at most {:.1}%{}",
+            "calibration `{}`: {} healthy runs{}{}, threshold {:.3}, false positives at most {:.1}%{}",
             self.name,
             self.healthy_scores.len(),
+            if self.frame.is_some() {
+                " (traces read relative to their typical input)"
+            } else {
+                ""
+            },
             if self.recentre.is_empty() {
                 ""
             } else {

@@ -329,14 +329,12 @@ impl DecisionHead {
     /// deficiencies the head would name (it never names one the head's operating point would
     /// not), so the false-positive rate is at most the lower of the two.
     pub fn decide(&self, features: &[f32], temperature: f32, u: f64) -> HeadChoice {
-        let framed;
-        let features = match &self.frame {
-            Some(f) => {
-                framed = f.apply(features);
-                &framed[..]
-            }
-            None => features,
-        };
+        self.decide_framed(&self.framed(features), temperature, u)
+    }
+
+    /// [`DecisionHead::decide`] on an input already read through the head's frame
+    /// ([`DecisionHead::framed`]): the trainer keeps framed inputs and samples from them again.
+    pub fn decide_framed(&self, features: &[f32], temperature: f32, u: f64) -> HeadChoice {
         let recentred;
         let features = match &self.calibration {
             Some(c) if temperature <= 0.0 && !c.recentre.is_empty() => {
@@ -381,9 +379,10 @@ impl DecisionHead {
             .map_or(best, |(i, _)| i)
     }
 
-    /// The calibration set on a framework's `healthy` head inputs: its input recentred on
-    /// them first when `recentre_first` ([`crate::calibration::recentre_shift`]), then the conformal
-    /// threshold at `alpha` over their deficiency scores as the head then reads them.
+    /// The calibration set on a framework's `healthy` head inputs: for a framed head, their
+    /// median as the frame; its input recentred on them when `recentre_first`
+    /// ([`crate::calibration::recentre_shift`]); then the conformal threshold at `alpha` over
+    /// their deficiency scores as the head then reads them.
     pub fn calibration_on(
         &self,
         name: &str,
@@ -391,9 +390,23 @@ impl DecisionHead {
         alpha: f64,
         recentre_first: bool,
     ) -> Result<Calibration> {
-        // The runs as the head reads them: under its frame, which the shift then moves (a
+        // A framed head reads the runs, and every trace under this calibration, through
+        // their own typical input: the median of the healthy runs ([`crate::frame`]).
+        let frame = if self.is_framed() {
+            let name = format!("{} healthy runs of {name}", healthy.len());
+            Some(Frame::median_of(&name, healthy)?)
+        } else {
+            None
+        };
+        // The runs as the head reads them: under the frame, which the shift then moves (a
         // framed head's `healthy_mean` is of framed inputs too).
-        let framed: Vec<Vec<f32>> = healthy.iter().map(|x| self.framed(x)).collect();
+        let framed: Vec<Vec<f32>> = healthy
+            .iter()
+            .map(|x| match &frame {
+                Some(f) => f.apply(x),
+                None => self.framed(x),
+            })
+            .collect();
         let shift = if recentre_first {
             let rows: Vec<&[f32]> = framed.iter().map(Vec::as_slice).collect();
             Some(crate::calibration::recentre_shift(
@@ -413,7 +426,7 @@ impl DecisionHead {
                 deficiency_score(&self.types, &lp)
             })
             .collect();
-        let calibration = Calibration::conformal(name, &scores, alpha)?;
+        let calibration = Calibration::conformal(name, &scores, alpha)?.with_frame(frame);
         Ok(match shift {
             Some(s) => calibration.with_recentre(s),
             None => calibration,
@@ -431,6 +444,20 @@ impl DecisionHead {
     /// Whether the head was fitted on framed inputs and so reads traces through a frame.
     pub fn is_framed(&self) -> bool {
         !self.frames.is_empty()
+    }
+
+    /// The frame a framed head reads a trace of `framework` through (none for a head fitted
+    /// on raw inputs): the calibration's, when it took one over a user's healthy runs; else
+    /// the framework's own, when the head was fitted on it; else the per-input median of its
+    /// training frameworks' frames, the best guess without a single run of the framework.
+    pub fn frame_for(&self, framework: Option<&str>) -> Option<Frame> {
+        if !self.is_framed() {
+            return None;
+        }
+        if let Some(f) = self.calibration.as_ref().and_then(|c| c.frame.as_ref()) {
+            return Some(f.clone());
+        }
+        crate::frame::for_framework(&self.frames, framework)
     }
 
     /// Reads the next traces through `frame` (none: as they are), checking that it fits the
@@ -459,6 +486,9 @@ impl DecisionHead {
                     c.recentre.len()
                 )
             })?;
+        }
+        if let Some(f) = calibration.as_ref().and_then(|c| c.frame.clone()) {
+            self.set_frame(Some(f))?;
         }
         self.calibration = calibration;
         Ok(())
@@ -583,6 +613,7 @@ pub fn sample(log_probs: &[f32], temperature: f32, u: f64) -> usize {
 /// for the trainer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Investigated {
+    /// The head's input as it read it: through its frame, when one was set.
     pub features: Vec<f32>,
     pub choice: HeadChoice,
 }
@@ -616,7 +647,8 @@ pub fn policy(
                     x.len()
                 ));
             }
-            let d = head.decide(&x, temperature, u);
+            let x = head.framed(&x);
+            let d = head.decide_framed(&x, temperature, u);
             let text = head.answer(&d);
             if let Some(sink) = &sink {
                 *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Investigated {
@@ -844,6 +876,46 @@ mod tests {
         head.set_calibration(Some(c)).unwrap();
         assert_eq!(named(&head, 11.0, 0.0), NONE);
         assert_eq!(named(&head, 14.0, 0.0), "P1");
+    }
+
+    #[test]
+    fn a_framed_head_picks_the_calibrations_frame_then_the_frameworks_then_the_median() {
+        let frame = |name: &str, v: f32| Frame::median_of(name, &[&[v][..]]).unwrap();
+        let mut head = DecisionHead {
+            types: vec!["P1".into(), NONE.into()],
+            type_model: model(2, vec![0.0, 0.0]),
+            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
+            component_model: model(2, vec![0.0, 1.0]),
+            terms: 0,
+            healthy_mean: Vec::new(),
+            calibration: None,
+            frames: BTreeMap::from([
+                ("a".to_string(), frame("a", 1.0)),
+                ("b".to_string(), frame("b", 2.0)),
+                ("c".to_string(), frame("c", 9.0)),
+            ]),
+            frame: None,
+        };
+        let centre = |head: &DecisionHead, fw: Option<&str>| head.frame_for(fw).unwrap().centre;
+        assert_eq!(centre(&head, Some("b")), vec![2.0]);
+        // A framework it never read, or none named: the median of its frameworks' frames.
+        assert_eq!(centre(&head, Some("new")), vec![2.0]);
+        assert_eq!(centre(&head, None), vec![2.0]);
+        // A calibration over a user's healthy runs takes their median, is saved with it, and
+        // is the frame every trace is read through while it is in use.
+        let runs = [[5.0f32], [6.0], [7.0]];
+        let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
+        let c = head.calibration_on("mine", &rows, 0.5, false).unwrap();
+        assert_eq!(c.frame.as_ref().unwrap().centre, vec![6.0]);
+        let dir = tempfile::tempdir().unwrap();
+        let c = Calibration::load(&c.save(dir.path()).unwrap()).unwrap();
+        assert!(c.describe().contains("typical input"), "{}", c.describe());
+        head.set_calibration(Some(c)).unwrap();
+        assert_eq!(head.frame.as_ref().unwrap().centre, vec![6.0]);
+        assert_eq!(centre(&head, Some("a")), vec![6.0]);
+        // A head fitted on raw inputs has no frame to read through.
+        head.frames.clear();
+        assert!(head.frame_for(Some("a")).is_none());
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //! traces (mostly deficient, many types), a user's store (mostly healthy), or a handful of
 //! healthy runs — lands near the healthy value, which is what the head should read from.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{PolicyError, Result};
@@ -66,6 +68,21 @@ impl Frame {
     pub fn apply(&self, x: &[f32]) -> Vec<f32> {
         x.iter().zip(&self.centre).map(|(a, c)| a - c).collect()
     }
+}
+
+/// The frame of `framework` among a framed head's training `frames`: its own when the head
+/// was fitted on it, else the per-input median of all of them (the best guess without a run of
+/// the framework). None when there are no frames (a head fitted on raw inputs).
+pub fn for_framework(frames: &BTreeMap<String, Frame>, framework: Option<&str>) -> Option<Frame> {
+    if let Some(f) = framework.and_then(|name| frames.get(name)) {
+        return Some(f.clone());
+    }
+    let centres: Vec<&[f32]> = frames.values().map(|f| f.centre.as_slice()).collect();
+    let name = format!(
+        "the median of {} training frameworks' frames",
+        centres.len()
+    );
+    Frame::median_of(&name, &centres).ok()
 }
 
 /// The median of `v` (the mean of the two middle values for an even count); `v` is reordered.

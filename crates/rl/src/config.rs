@@ -119,8 +119,9 @@ pub struct HeadConfig {
     /// `framework`: the head reads every trace relative to its framework's typical trace, so
     /// that what all runs of a framework show is not read as a deficiency (leave one
     /// framework out: false positives on the left-out framework's healthy runs; BENCHMARKS.md).
-    /// `pathfinder eval --leave-out` fits and scores such heads; `pathfinder train` does not
-    /// frame its live traces yet and refuses it.
+    /// The trainer fits on framed train traces, reads live and replayed traces through their
+    /// framework's frame and saves the frames with the head; `pathfinder eval --leave-out`
+    /// fits and scores such warm starts.
     pub frame: FrameBy,
 }
 
@@ -558,6 +559,11 @@ pub struct EvalConfig {
     pub max_traces: usize,
     /// Evaluate every this many steps as well as before and after (0: only before and after).
     pub every: u64,
+    /// Frameworks (the corpus labels' agents) the run never trains on: their traces are left
+    /// out of the warm start, the replay and the held-out split, and every one of them, of
+    /// any split, is evaluated beside the held-out split (`eval-left-out.jsonl`), the measure
+    /// of a Detector on frameworks it never trained on. `run.agents` may not name them.
+    pub leave_out: Vec<String>,
 }
 
 impl Default for EvalConfig {
@@ -567,6 +573,7 @@ impl Default for EvalConfig {
             split: "test".into(),
             max_traces: 0,
             every: 0,
+            leave_out: Vec::new(),
         }
     }
 }
@@ -600,6 +607,28 @@ impl RunConfig {
         Ok(format!(
             "# {} with [run] seed = {seed} (pathfinder train --seed); every field spelt out\n{out}",
             origin.display()
+        ))
+    }
+
+    /// The configuration `text` with `frameworks` left out of training (`[eval] leave_out`,
+    /// and no longer in `[run] agents`), every field spelt out: `pathfinder train --leave-out`.
+    pub fn text_leaving_out(text: &str, origin: &Path, frameworks: &[String]) -> Result<String> {
+        let mut config = RunConfig::parse(text, origin)?;
+        config.run.agents.retain(|a| !frameworks.contains(a));
+        for f in frameworks {
+            if !config.eval.leave_out.contains(f) {
+                config.eval.leave_out.push(f.clone());
+            }
+        }
+        config.validate(origin)?;
+        let out = toml::to_string(&config).map_err(|e| RlError::Config {
+            path: origin.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(format!(
+            "# {} with {} left out of training (pathfinder train --leave-out); every field spelt out\n{out}",
+            origin.display(),
+            frameworks.join(", ")
         ))
     }
 
@@ -676,6 +705,25 @@ impl RunConfig {
             }
             if !(self.injector.focus_floor > 0.0 && self.injector.focus_floor.is_finite()) {
                 return bad("injector.focus_floor", "must be a positive number");
+            }
+        }
+        if !self.eval.leave_out.is_empty() {
+            if self.eval.corpus.is_empty() {
+                return bad(
+                    "eval.leave_out",
+                    "names frameworks of a corpus: set `[eval] corpus`",
+                );
+            }
+            if let Some(a) = self
+                .run
+                .agents
+                .iter()
+                .find(|a| self.eval.leave_out.contains(a))
+            {
+                return bad(
+                    "run.agents",
+                    &format!("`{a}` is left out of training (`eval.leave_out`); its live episodes would train on it"),
+                );
             }
         }
         if self.injector.validated_only && self.eval.corpus.is_empty() {
@@ -755,6 +803,27 @@ mod tests {
     }
 
     #[test]
+    fn leaving_a_framework_out_drops_it_from_the_live_agents() {
+        let text = format!("{MINIMAL}[eval]\ncorpus = \"c\"\n").replace(
+            "agents = [\"toolcaller\"]",
+            "agents = [\"toolcaller\", \"ag2\"]",
+        );
+        let out = RunConfig::text_leaving_out(&text, Path::new("x.toml"), &["ag2".into()]).unwrap();
+        let c = RunConfig::parse(&out, Path::new("x.toml")).unwrap();
+        assert_eq!(c.run.agents, vec!["toolcaller"]);
+        assert_eq!(c.eval.leave_out, vec!["ag2"]);
+        // Nothing left to run live: refused, naming the field.
+        let e = RunConfig::text_leaving_out(
+            &text,
+            Path::new("x.toml"),
+            &["ag2".into(), "toolcaller".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("run.agents"), "{e}");
+    }
+
+    #[test]
     fn minimal_config_gets_the_paper_defaults() {
         let c = RunConfig::parse(MINIMAL, Path::new("x.toml")).unwrap();
         assert_eq!(c.run.topology, Topology::Separate);
@@ -793,6 +862,12 @@ mod tests {
             // Still in MINIMAL's [run] table.
             ("backend = \"vm\"\n", "run.backend"),
             ("[higher_order]\noptimizer = \"sgd\"\n", "optimizer"),
+            // A framework left out of training may not be trained on live.
+            (
+                "[eval]\ncorpus = \"c\"\nleave_out = [\"toolcaller\"]\n",
+                "run.agents",
+            ),
+            ("[eval]\nleave_out = [\"ag2\"]\n", "eval.leave_out"),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()
@@ -809,25 +884,18 @@ mod tests {
             let text = std::fs::read_to_string(&path).unwrap();
             RunConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
         }
-        // The transfer configuration is rl/cpu.toml's head, framed.
+        // The transfer configuration is rl/cpu.toml, framed, on six frameworks.
         let read = |name: &str| {
             let path = rl.join(name);
             RunConfig::parse(&std::fs::read_to_string(&path).unwrap(), &path).unwrap()
         };
-        let (cpu, transfer) = (read("cpu.toml"), read("transfer.toml"));
+        let (cpu, mut transfer) = (read("cpu.toml"), read("transfer.toml"));
         assert_eq!(transfer.head.frame, FrameBy::Framework);
-        assert_eq!(
-            HeadConfig {
-                frame: FrameBy::None,
-                ..transfer.head.clone()
-            },
-            HeadConfig {
-                ppo_lr: transfer.head.ppo_lr,
-                replay: transfer.head.replay,
-                recalibrate_every: transfer.head.recalibrate_every,
-                ..cpu.head.clone()
-            }
-        );
-        assert_eq!(transfer.model, cpu.model);
+        assert_eq!(transfer.run.agents.len(), 6);
+        assert_eq!(transfer.eval.corpus, "runs/corpus7");
+        transfer.head.frame = FrameBy::None;
+        transfer.run.agents = cpu.run.agents.clone();
+        transfer.eval.corpus = cpu.eval.corpus.clone();
+        assert_eq!(transfer, cpu);
     }
 }

@@ -30,7 +30,13 @@ pub struct SplitTraces {
 /// it would hold a few types of one agent; a bounded selection takes the deficiency types in
 /// turn, and within a type the agents in turn ([`interleave`]).
 /// `split` may join several splits with `+` (`val+test`: the traces of both, in that order).
-pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTraces> {
+/// Traces of the frameworks in `except` (their labels' agents) are left out.
+pub fn split_traces(
+    corpus: &Path,
+    split: &str,
+    max: usize,
+    except: &[String],
+) -> Result<SplitTraces> {
     let db = corpus.join("store.sqlite");
     let mut ids = Vec::new();
     for name in split.split('+') {
@@ -40,6 +46,7 @@ pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTrace
         );
     }
     let mut traces = store_eval::labelled_traces(&db, Some(&ids)).map_err(eval_err)?;
+    traces.retain(|t| !t.agent.as_ref().is_some_and(|a| except.contains(a)));
     if max > 0 && traces.len() > max {
         traces = interleave(interleave(traces, |t| t.agent.clone()), |t| {
             t.truth.id().to_owned()
@@ -48,11 +55,32 @@ pub fn split_traces(corpus: &Path, split: &str, max: usize) -> Result<SplitTrace
     }
     if traces.is_empty() {
         return Err(RlError::Environment(format!(
-            "{}: the {split} split is empty",
-            corpus.display()
+            "{}: the {split} split is empty{}",
+            corpus.display(),
+            if except.is_empty() {
+                String::new()
+            } else {
+                format!(" without {}", except.join(", "))
+            }
         )));
     }
     Ok(SplitTraces { db, traces })
+}
+
+/// Every trace of `corpus` (all three splits) whose framework is one of `frameworks`: what a
+/// Detector trained without them is judged on there.
+pub fn framework_traces(corpus: &Path, frameworks: &[String]) -> Result<SplitTraces> {
+    let mut all = split_traces(corpus, "train+val+test", 0, &[])?;
+    all.traces
+        .retain(|t| t.agent.as_ref().is_some_and(|a| frameworks.contains(a)));
+    if all.traces.is_empty() {
+        return Err(RlError::Environment(format!(
+            "{}: no trace of {} in its splits",
+            corpus.display(),
+            frameworks.join(", ")
+        )));
+    }
+    Ok(all)
 }
 
 /// The id the `i`-th trace of a rekeyed split gets: the shape of the ids the training steps
@@ -251,11 +279,17 @@ pub fn evaluate_head(
     mut on_done: impl FnMut(&eval::metrics::Case),
 ) -> Result<Accuracy> {
     let reader = crate::head::reader(shared, adapter, system, cache)?;
+    let mut heads = crate::head::FramedHeads::new(Arc::clone(head));
     let cases = store_eval::run_policies(
         &split.db,
         &split.traces,
         learned_config(detect::probes::battery_turns()),
-        |_| Ok(crate::head::evaluation_policy(shared, head, &reader)),
+        |t| {
+            let head = heads
+                .for_framework(t.agent.as_deref())
+                .map_err(|e| eval::Error::Detector(e.to_string()))?;
+            Ok(crate::head::evaluation_policy(shared, &head, &reader))
+        },
         |c| on_done(c),
     )
     .map_err(eval_err)?;

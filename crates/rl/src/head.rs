@@ -18,7 +18,7 @@
 //! classes), not a sampled estimate. A batch whose advantages are all zero takes no step at all:
 //! the KL term alone would only pull the policy back, teaching nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -146,20 +146,61 @@ pub fn framed_fit(by: FrameBy, train: &[Labelled], x: &[Vec<f32>]) -> Result<Fra
     }
 }
 
-/// Each train trace's input minus its framework's frame (from [`frames`]).
+/// Each trace's input minus its framework's frame (from [`frames`]; a framework without one
+/// is read through the median of them all, [`policy::frame::for_framework`]); as they are when
+/// there are no frames.
 pub fn framed_inputs(
-    train: &[Labelled],
+    traces: &[Labelled],
     x: &[Vec<f32>],
     frames: &BTreeMap<String, Frame>,
 ) -> Vec<Vec<f32>> {
-    train
+    let mut chosen: HashMap<&str, Option<Frame>> = HashMap::new();
+    traces
         .iter()
         .zip(x)
-        .map(|(t, x)| match frames.get(framework_of(t)) {
-            Some(f) => f.apply(x),
-            None => x.clone(),
+        .map(|(t, x)| {
+            let name = framework_of(t);
+            let frame = chosen
+                .entry(name)
+                .or_insert_with(|| policy::frame::for_framework(frames, Some(name)));
+            match frame {
+                Some(f) => f.apply(x),
+                None => x.clone(),
+            }
         })
         .collect()
+}
+
+/// A head read in the frame of each trace's framework ([`DecisionHead::frame_for`]): one copy
+/// per framework, made on first use. A head fitted on raw inputs is shared as it is.
+pub struct FramedHeads {
+    head: Arc<DecisionHead>,
+    by_framework: HashMap<Option<String>, Arc<DecisionHead>>,
+}
+
+impl FramedHeads {
+    pub fn new(head: Arc<DecisionHead>) -> FramedHeads {
+        FramedHeads {
+            head,
+            by_framework: HashMap::new(),
+        }
+    }
+
+    /// The head reading traces of `framework`.
+    pub fn for_framework(&mut self, framework: Option<&str>) -> Result<Arc<DecisionHead>> {
+        if !self.head.is_framed() {
+            return Ok(Arc::clone(&self.head));
+        }
+        if let Some(h) = self.by_framework.get(&framework.map(str::to_owned)) {
+            return Ok(Arc::clone(h));
+        }
+        let mut h = DecisionHead::clone(&self.head);
+        h.set_frame(self.head.frame_for(framework))?;
+        let h = Arc::new(h);
+        self.by_framework
+            .insert(framework.map(str::to_owned), Arc::clone(&h));
+        Ok(h)
+    }
 }
 
 /// The mean input of the healthy traces of `train` (empty when it has none).

@@ -108,8 +108,20 @@ pub struct EvalCase {
     pub case: eval::metrics::Case,
 }
 
+/// The held-out evaluations ([`EvalMetrics`]; their cases in `eval-cases.jsonl`).
+pub const EVAL_FILE: &str = "eval.jsonl";
+/// The evaluations on the frameworks left out of training (`[eval] leave_out`; their cases in
+/// `eval-left-out-cases.jsonl`).
+pub const LEFT_OUT_FILE: &str = "eval-left-out.jsonl";
+
 /// The run's line-per-event logs, kept in every checkpoint and cut back on `--resume`.
-pub const RUN_LOGS: [&str; 3] = ["metrics.jsonl", "eval.jsonl", "eval-cases.jsonl"];
+pub const RUN_LOGS: [&str; 5] = [
+    "metrics.jsonl",
+    EVAL_FILE,
+    "eval-cases.jsonl",
+    LEFT_OUT_FILE,
+    "eval-left-out-cases.jsonl",
+];
 
 /// Appends one JSON line and flushes it to disk.
 pub fn append<T: Serialize>(path: &Path, value: &T) -> Result<()> {

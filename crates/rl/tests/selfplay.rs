@@ -273,12 +273,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-#[test]
-fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus");
-    rl::testing::synthetic_corpus(&corpus).unwrap();
-    let text = CONFIG
+/// The decision head's run configuration of the test below, on the corpus in `corpus`.
+fn head_config(corpus: &Path) -> String {
+    CONFIG
         .replace(
             "max_turns = 2",
             "max_turns = 2\ndecision = \"head\"\nsamples_per_trace = 4",
@@ -301,7 +298,15 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
                 "[injector]\nfocus = \"coverage\"\n[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\nrecalibrate_every = 2\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
                 corpus.display()
             ),
-        );
+        )
+}
+
+#[test]
+fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    rl::testing::synthetic_corpus(&corpus).unwrap();
+    let text = head_config(&corpus);
     let run_with = |text: &str, run_dir: &Path, resume: bool, max_steps: Option<u64>| {
         let config = RunConfig::parse(text, Path::new("head.toml")).unwrap();
         let mut t =
@@ -423,16 +428,47 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
 }
 
 #[test]
-fn a_framed_head_is_refused_by_train_until_live_traces_are_framed() {
-    let text = format!("{CONFIG}[head]\nframe = \"framework\"\n");
-    let config = RunConfig::parse(&text, Path::new("test.toml")).unwrap();
+fn a_framed_head_trains_on_framed_inputs_saves_its_frames_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let err = Trainer::with_model(config, &text, options(dir.path(), false, None), tiny())
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(err.contains("head.frame"), "{err}");
-    assert!(err.contains("eval --leave-out"), "{err}");
-    // Nothing of a run was written.
-    assert!(!dir.path().join("config.toml").exists());
+    let corpus = dir.path().join("corpus");
+    rl::testing::synthetic_corpus(&corpus).unwrap();
+    let text = head_config(&corpus).replace("[head]\n", "[head]\nframe = \"framework\"\n");
+    assert!(text.contains("frame = \"framework\""));
+    let run = |run_dir: &Path, resume: bool, max_steps: Option<u64>| {
+        let config = RunConfig::parse(&text, Path::new("framed.toml")).unwrap();
+        let mut t = Trainer::with_model(config, &text, options(run_dir, resume, max_steps), tiny())
+            .unwrap();
+        t.run().unwrap()
+    };
+    let whole = dir.path().join("whole");
+    let outcome = run(&whole, false, None);
+    assert_eq!(outcome.last_step, 2);
+    assert_eq!(outcome.before.expect("evaluated").n, 14);
+    let head = |run: &Path, step: u64| -> serde_json::Value {
+        let path = run.join(format!(
+            "step-{step}/detector/{}",
+            policy::decision::HEAD_FILE
+        ));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    // The head keeps the frame of each framework it was fitted on (the synthetic corpus's
+    // traces name none), one value per input; the live toolcaller traces are read through
+    // their median.
+    let fitted = head(&whole, 2);
+    let frames = fitted["frames"]
+        .as_object()
+        .expect("frames saved with the head");
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    let dim = fitted["type_model"]["dim"].as_u64().unwrap() as usize;
+    for frame in frames.values() {
+        assert_eq!(frame["centre"].as_array().unwrap().len(), dim);
+        assert_eq!(frame["traces"], 14 * 2);
+    }
+    // Stopped after step 1 and resumed: the replayed train traces are framed again as the
+    // warm start framed them, so the run ends with the same head and metrics.
+    let split = dir.path().join("split");
+    assert_eq!(run(&split, false, Some(1)).last_step, 1);
+    assert_eq!(run(&split, true, None).last_step, 2);
+    assert_eq!(head(&whole, 2), head(&split, 2));
+    assert_eq!(deterministic_metrics(&whole), deterministic_metrics(&split));
 }

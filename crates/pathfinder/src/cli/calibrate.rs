@@ -58,10 +58,17 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     );
     let (head, inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
     bar.finish_and_clear();
+    // Before calibration: as `detect` reads them without one (a framed head through its best
+    // guess of a frame).
+    let uncalibrated_frame = head.frame_for(None);
     let flagged_before = inputs
         .iter()
         .filter(|x| {
-            policy::calibration::deficiency_score(&head.types, &head.type_model.log_probs(x)) > 0.5
+            let x = match &uncalibrated_frame {
+                Some(f) => f.apply(x),
+                None => x.to_vec(),
+            };
+            policy::calibration::deficiency_score(&head.types, &head.type_model.log_probs(&x)) > 0.5
         })
         .count();
     let recentre = !args.no_recentre && !head.healthy_mean.is_empty();

@@ -284,8 +284,12 @@ impl Trained {
     }
 
     /// The decision head, its feature reader and the shared model: the whole-choice Detector.
+    /// With `choose_frame`, a framed head without a calibration's frame reads through
+    /// [`policy::decision::DecisionHead::frame_for`]'s best guess (and says so); without, it
+    /// is left unframed for the caller to frame.
     fn head_parts(
         self,
+        choose_frame: bool,
     ) -> Result<(
         Arc<policy::decision::DecisionHead>,
         Arc<policy::decision::FeatureReader>,
@@ -299,6 +303,18 @@ impl Trained {
         };
         head.set_calibration(self.calibration)
             .with_context(|| format!("calibrating the head of {}", self.dir.display()))?;
+        if choose_frame && head.is_framed() && head.frame.is_none() {
+            // No calibration took a frame over the user's runs: the best guess.
+            let frame = head.frame_for(None);
+            if let Some(f) = &frame {
+                tracing::warn!(
+                    "{}: the decision head reads traces relative to their framework's typical input, and no calibration gave one; reading through {} (on labelled traces of its training frameworks, their own). `pathfinder calibrate` with 20 or more of your healthy runs sets it from them",
+                    self.dir.display(),
+                    f.name
+                );
+            }
+            head.set_frame(frame)?;
+        }
         let system = policy::decision::system_prompt(&catalog()?);
         let cache = self
             .dir
@@ -314,7 +330,7 @@ impl Trained {
     /// The whole-choice Detector as one policy and the episode configuration it runs under,
     /// for `pathfinder detect run --policy checkpoint:DIR`.
     pub fn head_policy(self) -> Result<(Box<dyn detect::Policy>, detect::Config)> {
-        let (head, reader, shared) = self.head_parts()?;
+        let (head, reader, shared) = self.head_parts(true)?;
         Ok((
             rl::head::evaluation_policy(&shared, &head, &reader),
             rl::evaluate::learned_config(detect::probes::battery_turns()),
@@ -324,7 +340,7 @@ impl Trained {
     /// A fresh whole-choice Detector policy per call, sharing one model, and the episode
     /// configuration they run under: for a receiver that diagnoses trace after trace.
     pub fn head_policies(self) -> Result<(HeadPolicies, detect::Config)> {
-        let (head, reader, shared) = self.head_parts()?;
+        let (head, reader, shared) = self.head_parts(true)?;
         Ok((
             Box::new(move || rl::head::evaluation_policy(&shared, &head, &reader)),
             rl::evaluate::learned_config(detect::probes::battery_turns()),
@@ -339,7 +355,7 @@ impl Trained {
         ids: &[String],
         mut on_done: impl FnMut(usize),
     ) -> Result<(Arc<policy::decision::DecisionHead>, Vec<Vec<f32>>)> {
-        let (head, reader, shared) = self.head_parts()?;
+        let (head, reader, shared) = self.head_parts(false)?;
         let sql = detect::sql::SqlTool::open(db, detect::sql::SqlLimits::default())
             .with_context(|| format!("opening {}", db.display()))?;
         let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -408,12 +424,19 @@ impl Trained {
             // The whole-choice Detector: the probe battery, then the decision head, reading
             // through the run's feature cache (RUNS_DIR/.feature-cache): the frozen model read
             // these traces the same way during training.
-            let (head, reader, shared) = self.head_parts()?;
+            let (head, reader, shared) = self.head_parts(true)?;
+            // A framed head reads each labelled trace through its framework's frame.
+            let mut heads = rl::head::FramedHeads::new(head);
             return Ok(store_eval::run_policies_transcribed(
                 db,
                 traces,
                 rl::evaluate::learned_config(detect::probes::battery_turns()),
-                |_| Ok(rl::head::evaluation_policy(&shared, &head, &reader)),
+                |t| {
+                    let head = heads
+                        .for_framework(t.agent.as_deref())
+                        .map_err(|e| ::eval::Error::Detector(e.to_string()))?;
+                    Ok(rl::head::evaluation_policy(&shared, &head, &reader))
+                },
                 on_done,
             )?);
         }

@@ -30,6 +30,11 @@ pub struct TrainArgs {
     /// Overrides the configuration's `[run] seed` (the run records the configuration it ran).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Frameworks (comma-separated corpus agents) never trained on: left out of the warm start,
+    /// the live episodes and the held-out split, and evaluated whole before and after PPO
+    /// (`eval-left-out.jsonl`; the run records the configuration it ran).
+    #[arg(long, value_name = "FRAMEWORK,...", value_delimiter = ',')]
+    leave_out: Vec<String>,
     /// The repository root (with agents/ and deficiencies/); paths in the configuration are
     /// relative to it.
     #[arg(long, value_name = "DIR", default_value = ".")]
@@ -42,6 +47,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let text = match args.seed {
         Some(seed) => rl::RunConfig::text_with_seed(&text, &args.config, seed)?,
         None => text,
+    };
+    let text = if args.leave_out.is_empty() {
+        text
+    } else {
+        rl::RunConfig::text_leaving_out(&text, &args.config, &args.leave_out)?
     };
     let run_dir = args.runs_dir.join(&args.run);
     // One process, or a rank of a job started by mpirun or srun (the `mpi` feature).
@@ -84,6 +94,26 @@ pub fn run(args: TrainArgs) -> Result<()> {
     show("before PPO (warm start only)", &outcome.before);
     if !args.sft {
         show(&format!("after step {}", outcome.last_step), &outcome.after);
+    }
+    if outcome.left_out_before.is_some() {
+        let show_left_out = |label: &str, acc: &Option<rl::evaluate::Accuracy>| {
+            if let Some(a) = acc {
+                println!(
+                    "{label}, on the frameworks left out of training: detection {:.1}%, false positives {}, on {} traces",
+                    100.0 * a.detection,
+                    a.false_positive_rate
+                        .map_or("n/a".into(), |r| format!("{:.1}%", 100.0 * r)),
+                    a.n
+                );
+            }
+        };
+        show_left_out("before PPO (warm start only)", &outcome.left_out_before);
+        if !args.sft {
+            show_left_out(
+                &format!("after step {}", outcome.last_step),
+                &outcome.left_out_after,
+            );
+        }
     }
     println!("run: {}", run_dir.display());
     Ok(())

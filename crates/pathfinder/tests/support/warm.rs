@@ -18,6 +18,16 @@ pub fn ok(out: Output, what: &str) -> (String, String) {
 /// A synthetic corpus whose traces come from two frameworks (alternate scenarios), a whole-
 /// choice run configuration on a tiny model, and that run's warm-started checkpoint.
 pub fn warm_started(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    warm_started_with(dir, "", &[])
+}
+
+/// [`warm_started`] with `head` added to the configuration's `[head]` table and `train_args`
+/// added to `pathfinder train`'s.
+pub fn warm_started_with(
+    dir: &Path,
+    head: &str,
+    train_args: &[&str],
+) -> (PathBuf, PathBuf, PathBuf) {
     let corpus = dir.join("corpus");
     rl::testing::synthetic_corpus(&corpus).unwrap();
     let db = corpus.join("store.sqlite");
@@ -52,6 +62,7 @@ decision = "head"
 [head]
 max_epochs = 40
 patience = 10
+{head}
 [eval]
 corpus = "{}"
 split = "val+test"
@@ -71,6 +82,7 @@ split = "val+test"
             .arg(&config)
             .arg("--runs-dir")
             .arg(&runs)
+            .args(train_args)
             .output()
             .unwrap(),
         "train --sft",

@@ -241,7 +241,7 @@ impl Trainer {
                     let trace_id = format!("t{step:05}{index:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
                     (episodes[i].detections, episodes[i].head_choices) =
-                        self.investigate(&detector, &trace_id, step, index)?;
+                        self.investigate(&detector, &trace_id, &manifest.agent, step, index)?;
                     if let Some(clean) = clean {
                         candidates.push((index, i, clean));
                     }
@@ -288,7 +288,7 @@ impl Trainer {
             let trace_id = format!("h{step:05}{index:02}");
             environment::import_healthy(&mut store, clean, &manifest, &trace_id)?;
             (episodes[*i].healthy, episodes[*i].healthy_choices) =
-                self.investigate(&detector, &trace_id, step, n + index)?;
+                self.investigate(&detector, &trace_id, &manifest.agent, step, n + index)?;
         }
         drop(store);
         Ok(chosen.into_iter().map(|(_, pair)| pair).collect())
@@ -350,16 +350,17 @@ impl Trainer {
 
     /// A live trace's investigations: through the decision head when the run has one (with
     /// each choice's features, class and log-probability), else token by token. `i` places
-    /// the investigation's randomness among the step's.
+    /// the investigation's randomness among the step's; `agent` is the trace's framework.
     pub(super) fn investigate(
         &self,
         detector: &detect::Detector,
         trace_id: &str,
+        agent: &str,
         step: u64,
         i: usize,
     ) -> Result<Investigations> {
         match &self.heads {
-            Some((h, _)) => self.investigate_head(detector, h, trace_id, step, i),
+            Some((h, _)) => self.investigate_head(detector, h, trace_id, agent, step, i),
             None => Ok((
                 self.investigate_tokens(detector, trace_id, step, i)?,
                 Vec::new(),
@@ -370,12 +371,14 @@ impl Trainer {
     /// One investigation of a live trace with the probe battery and the decision head, then
     /// `samples_per_trace` choices sampled from the head's distribution over the same
     /// features (the battery is deterministic; only the choice is random). Returns each
-    /// choice's detection and its (features, class, log-probability).
+    /// choice's detection and its (features, class, log-probability); a framed head's
+    /// features are read through the frame of `agent`, the trace's framework.
     pub(super) fn investigate_head(
         &self,
         detector: &detect::Detector,
         h: &DecisionHead,
         trace_id: &str,
+        agent: &str,
         step: u64,
         i: usize,
     ) -> Result<Investigations> {
@@ -384,9 +387,11 @@ impl Trainer {
         let temperature = self.config.detector.temperature;
         let sink: head::Sink = Arc::new(Mutex::new(None));
         let reader = self.head_reader()?;
+        let mut in_frame = h.clone();
+        in_frame.set_frame(h.frame_for(Some(agent)))?;
         let policy = policy::decision::policy(
             Arc::clone(&self.shared),
-            Arc::new(h.clone()),
+            Arc::new(in_frame),
             reader,
             temperature,
             unit(mix(seed, step, (i * per_trace) as u64, 3)),
@@ -412,7 +417,7 @@ impl Trainer {
             let d = if k == 0 {
                 investigated.choice.clone()
             } else {
-                h.decide(
+                h.decide_framed(
                     &investigated.features,
                     temperature,
                     unit(mix(seed, step, (i * per_trace + k) as u64, 3)),

@@ -23,13 +23,43 @@ impl Trainer {
             &corpus,
             &self.config.eval.split,
             self.config.eval.max_traces,
+            &self.config.eval.leave_out,
         )?;
         evaluate::rekey(&split, &self.rank_file("held-out.sqlite")).map(Some)
     }
 
+    /// Every trace of the frameworks left out of training (`[eval] leave_out`), if any.
+    pub(super) fn left_out(&self) -> Result<Option<SplitTraces>> {
+        if self.config.eval.leave_out.is_empty() {
+            return Ok(None);
+        }
+        let corpus = self.options.root.join(&self.config.eval.corpus);
+        let traces = evaluate::framework_traces(&corpus, &self.config.eval.leave_out)?;
+        evaluate::rekey(&traces, &self.rank_file("left-out.sqlite")).map(Some)
+    }
+
     /// Evaluates the Detector on the held-out split and appends the result to `eval.jsonl`.
-    /// Each rank evaluates its share of the traces; the cases are gathered in the split's order.
     pub(super) fn evaluate(&self, split: &SplitTraces, label: &str) -> Result<Accuracy> {
+        self.evaluate_into(split, label, &self.config.eval.split, run_log::EVAL_FILE)
+    }
+
+    /// Evaluates the Detector on every trace of the frameworks left out of training and
+    /// appends the result to `eval-left-out.jsonl`.
+    pub(super) fn evaluate_left_out(&self, traces: &SplitTraces, label: &str) -> Result<Accuracy> {
+        let name = format!("left out: {}", self.config.eval.leave_out.join(", "));
+        self.evaluate_into(traces, label, &name, run_log::LEFT_OUT_FILE)
+    }
+
+    /// Evaluates the Detector on `split` (called `split_name` in the record) and appends the
+    /// result to `file` (`STEM.jsonl`) and its cases to `STEM-cases.jsonl`. Each rank
+    /// evaluates its share of the traces; the cases are gathered in the split's order.
+    fn evaluate_into(
+        &self,
+        split: &SplitTraces,
+        label: &str,
+        split_name: &str,
+        file: &str,
+    ) -> Result<Accuracy> {
         let whole = split;
         let mine = self.share(whole);
         let split = &mine;
@@ -80,12 +110,13 @@ impl Trainer {
                 case,
             })
             .collect();
-        run_log::append_all(&self.options.run_dir.join("eval-cases.jsonl"), &cases)?;
+        let cases_file = file.replace(".jsonl", "-cases.jsonl");
+        run_log::append_all(&self.options.run_dir.join(cases_file), &cases)?;
         run_log::append(
-            &self.options.run_dir.join("eval.jsonl"),
+            &self.options.run_dir.join(file),
             &EvalMetrics {
                 step: self.state.step,
-                split: self.config.eval.split.clone(),
+                split: split_name.to_owned(),
                 detection_accuracy: acc.detection,
                 localisation_accuracy: acc.localisation,
                 avg_tool_calls: acc.avg_tool_calls,

@@ -74,6 +74,9 @@ pub struct TrainOutcome {
     /// Held-out accuracy after the warm start (before any PPO step) and at the end.
     pub before: Option<Accuracy>,
     pub after: Option<Accuracy>,
+    /// The same on the frameworks left out of training (`[eval] leave_out`).
+    pub left_out_before: Option<Accuracy>,
+    pub left_out_after: Option<Accuracy>,
 }
 
 /// One step's injection and what became of it. Each rank fills its own share of a step's
@@ -210,12 +213,6 @@ impl Trainer {
         mut pm: PolicyModel,
     ) -> Result<Trainer> {
         let run_config = options.run_dir.join("config.toml");
-        if config.head.frame != crate::config::FrameBy::None {
-            return Err(RlError::Config {
-                path: run_config,
-                reason: "field `head.frame`: `pathfinder train` does not frame its live traces yet; a framed head is fitted and scored by `pathfinder eval --leave-out FRAMEWORK --detector warm-start:CONFIG`".into(),
-            });
-        }
         let latest = checkpoint::latest(&options.run_dir)?;
         if options.resume {
             let stored =
@@ -456,6 +453,7 @@ impl Trainer {
     /// Runs the warm start (if due), the PPO steps and the evaluations.
     pub fn run(&mut self) -> Result<TrainOutcome> {
         let held_out = self.held_out()?;
+        let left_out = self.left_out()?;
         let mut outcome = TrainOutcome {
             last_step: self.state.step,
             ..TrainOutcome::default()
@@ -468,13 +466,21 @@ impl Trainer {
             if let Some(split) = &held_out {
                 outcome.before = Some(self.evaluate(split, "sft")?);
             }
+            if let Some(traces) = &left_out {
+                outcome.left_out_before = Some(self.evaluate_left_out(traces, "sft")?);
+            }
             self.save()?;
         } else if let Some(split) = &held_out {
-            outcome.before = read_eval(&self.options.run_dir, 0)?;
+            outcome.before = read_eval(&self.options.run_dir.join(run_log::EVAL_FILE), 0)?;
+            outcome.left_out_before =
+                read_eval(&self.options.run_dir.join(run_log::LEFT_OUT_FILE), 0)?;
             if outcome.before.is_none() && self.state.step == 0 {
                 // The warm start finished but its evaluation is not on record (its lines were
                 // removed because the evaluation settings changed): evaluate it now.
                 outcome.before = Some(self.evaluate(split, "sft")?);
+                if let Some(traces) = &left_out {
+                    outcome.left_out_before = Some(self.evaluate_left_out(traces, "sft")?);
+                }
                 self.save()?;
             }
         }
@@ -491,6 +497,8 @@ impl Trainer {
                 // A resumed run reads the train split again (the same features: greedy, no
                 // randomness).
                 let (train, x) = self.train_features()?;
+                let frames = self.heads.as_ref().map(|(h, _)| h.frames.clone());
+                let x = head::framed_inputs(&train.traces, &x, &frames.unwrap_or_default());
                 self.replay = train.traces.into_iter().zip(x).collect();
             }
             if self.config.injector.focus != InjectorFocus::None {
@@ -546,6 +554,9 @@ impl Trainer {
             let evaluate_now = self.config.eval.every > 0 && step % self.config.eval.every == 0;
             if let (Some(split), true) = (&held_out, evaluate_now && step != last) {
                 self.evaluate(split, "ppo")?;
+                if let Some(traces) = &left_out {
+                    self.evaluate_left_out(traces, "ppo")?;
+                }
             }
             if step % self.config.run.checkpoint_every == 0 || step == last {
                 self.save()?;
@@ -555,10 +566,15 @@ impl Trainer {
         outcome.last_step = self.state.step;
         if first > last {
             // The run had already finished: report its final evaluation.
-            outcome.after = read_eval(&self.options.run_dir, last)?;
+            outcome.after = read_eval(&self.options.run_dir.join(run_log::EVAL_FILE), last)?;
+            outcome.left_out_after =
+                read_eval(&self.options.run_dir.join(run_log::LEFT_OUT_FILE), last)?;
         } else if self.state.step == last {
             if let Some(split) = &held_out {
                 outcome.after = Some(self.evaluate(split, "ppo")?);
+                if let Some(traces) = &left_out {
+                    outcome.left_out_after = Some(self.evaluate_left_out(traces, "ppo")?);
+                }
                 // The final checkpoint carries the final evaluation line too.
                 self.save()?;
             }
@@ -772,12 +788,12 @@ fn history_line(history: &[(String, bool)]) -> String {
 }
 
 /// The evaluation a run recorded at `step` (the warm-started policy at step 0).
-fn read_eval(run: &Path, step: u64) -> Result<Option<Accuracy>> {
-    let path = run.join("eval.jsonl");
+/// The evaluation of `step` recorded in `path` (an [`run_log::EVAL_FILE`]-like log), if any.
+fn read_eval(path: &Path, step: u64) -> Result<Option<Accuracy>> {
     if !path.exists() {
         return Ok(None);
     }
-    for m in run_log::read_jsonl::<EvalMetrics>(&path)? {
+    for m in run_log::read_jsonl::<EvalMetrics>(path)? {
         if m.step == step {
             return Ok(Some(Accuracy {
                 detection: m.detection_accuracy,

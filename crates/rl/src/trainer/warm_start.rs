@@ -61,10 +61,16 @@ impl Trainer {
         Ok(all.into_iter().map(|(_, x)| x).collect())
     }
 
-    /// The train split with its features, for the head's fit and PPO's replay.
+    /// The train split with its features as the model reads them (not framed), for the
+    /// head's fit and PPO's replay.
     pub(super) fn train_features(&self) -> Result<(SplitTraces, Vec<Vec<f32>>)> {
         let corpus = self.options.root.join(&self.config.eval.corpus);
-        let train = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
+        let train = evaluate::split_traces(
+            &corpus,
+            "train",
+            self.config.sft.max_examples,
+            &self.config.eval.leave_out,
+        )?;
         let x = self.battery_features(&train, "train")?;
         Ok((train, x))
     }
@@ -90,9 +96,16 @@ impl Trainer {
         let started = Instant::now();
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let (train, train_x) = self.train_features()?;
-        let val = evaluate::split_traces(&corpus, "val", 0).ok();
+        // `[head] frame`: every input from here on (fit, replay, live traces, reviews) is read
+        // through its framework's frame, and the frames are saved with the head.
+        let (frames, train_x) = head::framed_fit(self.config.head.frame, &train.traces, &train_x)?;
+        let val = evaluate::split_traces(&corpus, "val", 0, &self.config.eval.leave_out).ok();
         let val_x = match &val {
-            Some(v) => Some(self.battery_features(v, "val")?),
+            Some(v) => Some(head::framed_inputs(
+                &v.traces,
+                &self.battery_features(v, "val")?,
+                &frames,
+            )),
             None => None,
         };
         let options = self.head_fit_options(10);
@@ -134,6 +147,13 @@ impl Trainer {
             );
         }
         self.log_metrics("metrics.jsonl", &lines)?;
+        if !frames.is_empty() {
+            tracing::info!(
+                frameworks = ?frames.iter().map(|(name, f)| format!("{name} ({} traces)", f.traces)).collect::<Vec<_>>(),
+                "decision head fitted on inputs read through each framework's frame"
+            );
+        }
+        fitted.frames = frames;
         self.replay = train.traces.into_iter().zip(train_x).collect();
         if self.config.head.none_target > 0.0 {
             let point = self.operating_point()?;
@@ -240,7 +260,12 @@ impl Trainer {
             return self.warm_start_head();
         }
         let corpus = self.options.root.join(&self.config.eval.corpus);
-        let split = evaluate::split_traces(&corpus, "train", self.config.sft.max_examples)?;
+        let split = evaluate::split_traces(
+            &corpus,
+            "train",
+            self.config.sft.max_examples,
+            &self.config.eval.leave_out,
+        )?;
         let split = evaluate::rekey(&split, &self.rank_file("demonstrations.sqlite"))?;
         let bar = self.bar(
             split.traces.len() as u64,
