@@ -20,6 +20,10 @@ pub struct RunLog {
     /// Per held-out trace and evaluation: (step, policy, trace id, detected); healthy traces
     /// are left out (`eval-cases.jsonl`, absent in older runs).
     pub cases: Vec<(u64, String, String, bool)>,
+    /// The same on the frameworks left out of training (`eval-left-out.jsonl` and its cases;
+    /// empty unless the run left some out).
+    pub left_out: Vec<EvalMetrics>,
+    pub left_out_cases: Vec<(u64, String, String, bool)>,
 }
 
 /// The deficient cases of `eval-cases.jsonl` as (step, policy, trace id, detected).
@@ -47,15 +51,21 @@ fn read_cases(path: &Path) -> Result<Vec<(u64, String, String, bool)>> {
 /// The paired difference in held-out detection, SFT + PPO (the last `ppo` evaluation) less
 /// SFT only (step 0), over the deficient traces both evaluated, with a bootstrap interval.
 pub fn paired_gain(log: &RunLog) -> Option<eval::Estimate> {
-    let after = log.after()?.step;
-    let before: std::collections::BTreeMap<&str, bool> = log
-        .cases
+    paired_gain_of(&log.evals, &log.cases)
+}
+
+/// [`paired_gain`] over one set of evaluations and their cases.
+fn paired_gain_of(
+    evals: &[EvalMetrics],
+    cases: &[(u64, String, String, bool)],
+) -> Option<eval::Estimate> {
+    let after = last_after(evals)?.step;
+    let before: std::collections::BTreeMap<&str, bool> = cases
         .iter()
         .filter(|c| c.0 == 0 && c.1 == "sft")
         .map(|c| (c.2.as_str(), c.3))
         .collect();
-    let diffs: Vec<f64> = log
-        .cases
+    let diffs: Vec<f64> = cases
         .iter()
         .filter(|c| c.0 == after && c.1 == "ppo")
         .filter_map(|c| {
@@ -76,8 +86,10 @@ impl RunLog {
         Ok(RunLog {
             name,
             steps: run_log::read_jsonl(&run.join("metrics.jsonl"))?,
-            evals: run_log::read_jsonl(&run.join("eval.jsonl"))?,
+            evals: read_evals(&run.join(run_log::EVAL_FILE))?,
             cases: read_cases(&run.join("eval-cases.jsonl"))?,
+            left_out: read_evals(&run.join(run_log::LEFT_OUT_FILE))?,
+            left_out_cases: read_cases(&run.join("eval-left-out-cases.jsonl"))?,
         })
     }
 
@@ -88,13 +100,30 @@ impl RunLog {
 
     /// The held-out evaluation of the warm-started policy, before any PPO step.
     pub fn before(&self) -> Option<&EvalMetrics> {
-        self.evals.iter().find(|e| e.policy == "sft")
+        first_before(&self.evals)
     }
 
     /// The last held-out evaluation after PPO.
     pub fn after(&self) -> Option<&EvalMetrics> {
-        self.evals.iter().rev().find(|e| e.policy == "ppo")
+        last_after(&self.evals)
     }
+}
+
+/// An evaluation log, empty when the file is absent (a run without that evaluation).
+fn read_evals(path: &Path) -> Result<Vec<EvalMetrics>> {
+    if path.exists() {
+        run_log::read_jsonl(path)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+fn first_before(evals: &[EvalMetrics]) -> Option<&EvalMetrics> {
+    evals.iter().find(|e| e.policy == "sft")
+}
+
+fn last_after(evals: &[EvalMetrics]) -> Option<&EvalMetrics> {
+    evals.iter().rev().find(|e| e.policy == "ppo")
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -142,48 +171,19 @@ pub fn markdown(log: &RunLog) -> String {
         s.push('\n');
     }
 
-    s.push_str("## Held-out detection: SFT only against SFT + PPO\n\n");
-    s.push_str(
-        "| policy | step | traces | detection | false positives | localisation | tool calls |\n",
+    detection_section(
+        &mut s,
+        "## Held-out detection: SFT only against SFT + PPO",
+        &log.evals,
+        &log.cases,
     );
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
-    for e in &log.evals {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {:.2} |",
-            e.policy,
-            e.step,
-            e.n,
-            pct(e.detection_accuracy),
-            e.false_positive_rate.map_or("–".into(), pct),
-            pct(e.localisation_accuracy),
-            e.avg_tool_calls
+    if let Some(name) = log.left_out.first().map(|e| e.split.clone()) {
+        detection_section(
+            &mut s,
+            &format!("## On the frameworks never trained on ({name}): SFT only against SFT + PPO"),
+            &log.left_out,
+            &log.left_out_cases,
         );
-    }
-    match (log.before(), log.after()) {
-        (Some(b), Some(a)) => {
-            let _ = writeln!(
-                s,
-                "\nChange in detection accuracy after step {}: {:+.1} points ({} → {}).\n",
-                a.step,
-                100.0 * (a.detection_accuracy - b.detection_accuracy),
-                pct(b.detection_accuracy),
-                pct(a.detection_accuracy)
-            );
-            if let Some(g) = paired_gain(log) {
-                let _ = writeln!(
-                    s,
-                    "Paired on the same {} deficient traces: {:+.1} points, 95% bootstrap interval [{:+.1}, {:+.1}].\n",
-                    g.n,
-                    100.0 * g.value,
-                    100.0 * g.lo,
-                    100.0 * g.hi
-                );
-            }
-        }
-        _ => s.push_str(
-            "\nNo before/after pair yet (the run has no held-out evaluation after PPO).\n\n",
-        ),
     }
 
     s.push_str("## Training dynamics (Table 9)\n\n");
@@ -223,6 +223,58 @@ pub fn markdown(log: &RunLog) -> String {
         secs / 60.0
     );
     s
+}
+
+/// A table of `evals` and the paired change from the warm start to the last PPO evaluation.
+fn detection_section(
+    s: &mut String,
+    title: &str,
+    evals: &[EvalMetrics],
+    cases: &[(u64, String, String, bool)],
+) {
+    let _ = writeln!(s, "{title}\n");
+    s.push_str(
+        "| policy | step | traces | detection | false positives | localisation | tool calls |\n",
+    );
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    for e in evals {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {:.2} |",
+            e.policy,
+            e.step,
+            e.n,
+            pct(e.detection_accuracy),
+            e.false_positive_rate.map_or("–".into(), pct),
+            pct(e.localisation_accuracy),
+            e.avg_tool_calls
+        );
+    }
+    match (first_before(evals), last_after(evals)) {
+        (Some(b), Some(a)) => {
+            let _ = writeln!(
+                s,
+                "\nChange in detection accuracy after step {}: {:+.1} points ({} → {}).\n",
+                a.step,
+                100.0 * (a.detection_accuracy - b.detection_accuracy),
+                pct(b.detection_accuracy),
+                pct(a.detection_accuracy)
+            );
+            if let Some(g) = paired_gain_of(evals, cases) {
+                let _ = writeln!(
+                    s,
+                    "Paired on the same {} deficient traces: {:+.1} points, 95% bootstrap interval [{:+.1}, {:+.1}].\n",
+                    g.n,
+                    100.0 * g.value,
+                    100.0 * g.lo,
+                    100.0 * g.hi
+                );
+            }
+        }
+        _ => s.push_str(
+            "\nNo before/after pair yet (the run has no held-out evaluation after PPO).\n\n",
+        ),
+    }
 }
 
 /// Several runs (e.g. seeds) side by side: held-out detection before and after PPO.
@@ -294,6 +346,23 @@ mod tests {
         assert_eq!(log.name, "seed-1");
         let md = markdown(&log);
         assert!(md.contains("+25.0 points (25.0% → 50.0%)"), "{md}");
+        assert!(!md.contains("never trained on"), "{md}");
+        // A run that left a framework out reports it in a section of its own.
+        let left_out = |step, policy, acc| EvalMetrics {
+            split: "left out: ag2".into(),
+            ..eval(step, policy, acc)
+        };
+        run_log::append(&run.join(run_log::LEFT_OUT_FILE), &left_out(0, "sft", 0.1)).unwrap();
+        run_log::append(&run.join(run_log::LEFT_OUT_FILE), &left_out(2, "ppo", 0.2)).unwrap();
+        let with_left_out = markdown(&RunLog::read(&run).unwrap());
+        let section = with_left_out
+            .split("## On the frameworks never trained on (left out: ag2)")
+            .nth(1)
+            .expect("a left-out section");
+        assert!(
+            section.contains("+10.0 points (10.0% → 20.0%)"),
+            "{section}"
+        );
         assert_eq!(md.matches("| 3 |").count(), 2, "{md}");
         let cmp = comparison_markdown(&[log]);
         assert!(
