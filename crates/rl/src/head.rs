@@ -522,7 +522,7 @@ pub fn update(
         };
     }
     let rewards: Vec<(f64, u64)> = samples.iter().map(|s| (s.reward, s.group)).collect();
-    let advantages = group_advantages(&rewards);
+    let advantages = crate::ppo::group_advantages(&rewards);
     let k = head.classes;
     let d = head.dim;
     let z: Vec<Vec<f32>> = samples
@@ -749,26 +749,6 @@ pub fn review(
     stats.failures_nll_after = nll;
     stats.anchor_top1_after = top1(head, &za).0;
     stats
-}
-
-/// Each reward less its group's mean, scaled by the spread of those differences over the
-/// batch; a group whose rewards are all equal gets zero.
-pub fn group_advantages(rewards: &[(f64, u64)]) -> Vec<f32> {
-    let mut groups: std::collections::BTreeMap<u64, (f64, usize)> = Default::default();
-    for (r, g) in rewards {
-        let e = groups.entry(*g).or_default();
-        e.0 += r;
-        e.1 += 1;
-    }
-    let centred: Vec<f64> = rewards
-        .iter()
-        .map(|(r, g)| r - groups[g].0 / groups[g].1 as f64)
-        .collect();
-    let std = (centred.iter().map(|c| c * c).sum::<f64>() / centred.len().max(1) as f64).sqrt();
-    if std < 1e-12 {
-        return vec![0.0; rewards.len()];
-    }
-    centred.iter().map(|c| (c / std) as f32).collect()
 }
 
 /// A feature reader over the shared model (the system prompt computed once), keeping its

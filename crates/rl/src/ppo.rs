@@ -199,27 +199,32 @@ pub fn gae(rewards: &[f32], values: &[f32], gamma: f64, lambda: f64) -> (Vec<f32
     (adv, ret)
 }
 
-/// The `group` baseline's advantage of each sample: its reward less its group's mean, scaled
-/// by the spread of those differences over the whole batch, `(R − mean_g) / std(R − mean)`.
-/// A group whose rewards are all equal (or a group of one) teaches nothing and gets zero.
+/// The `group` baseline's advantage of each `(reward, group)`: the reward less its group's
+/// mean, scaled by the spread of those differences over the whole batch,
+/// `(R − mean_g) / std(R − mean)`. A group whose rewards are all equal (or a group of one)
+/// teaches nothing and gets zero; a batch where every group is such gets zeros throughout.
 /// The scale is the batch's, not each group's, so that a small difference within one group
-/// (one call fewer, say) is not blown up to the size of a right answer within another.
-pub fn group_advantages(samples: &[Sample]) -> Vec<f32> {
+/// (one call fewer, say) is not blown up to the size of a right answer within another. The
+/// token policy's samples and the decision head's samples both take their advantages here.
+pub fn group_advantages(rewards: &[(f64, u64)]) -> Vec<f32> {
     let mut groups: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
-    for s in samples {
-        let g = groups.entry(s.group).or_default();
-        g.0 += s.reward;
+    for (reward, group) in rewards {
+        let g = groups.entry(*group).or_default();
+        g.0 += reward;
         g.1 += 1;
     }
-    let centred: Vec<f64> = samples
+    let centred: Vec<f64> = rewards
         .iter()
-        .map(|s| {
-            let (sum, n) = groups[&s.group];
-            s.reward - sum / n as f64
+        .map(|(reward, group)| {
+            let (sum, n) = groups[group];
+            reward - sum / n as f64
         })
         .collect();
     let std = (centred.iter().map(|c| c * c).sum::<f64>() / centred.len().max(1) as f64).sqrt();
-    centred.iter().map(|c| (c / (std + 1e-8)) as f32).collect()
+    if std < 1e-12 {
+        return vec![0.0; rewards.len()];
+    }
+    centred.iter().map(|c| (c / std) as f32).collect()
 }
 
 /// Σ_t k3 estimate of KL(π ‖ π_ref) over the tokens whose log-probabilities are `policy` and
@@ -331,7 +336,8 @@ pub fn update(
             reference: ref_lp,
         });
     }
-    let group = group_advantages(samples);
+    let scored: Vec<(f64, u64)> = samples.iter().map(|s| (s.reward, s.group)).collect();
+    let group = group_advantages(&scored);
     if use_critic {
         let mut adv: Vec<Vec<f32>> = prepared.iter().map(|p| p.advantages.clone()).collect();
         whiten(&mut adv, ranks)?;
@@ -581,12 +587,7 @@ mod tests {
 
     #[test]
     fn group_advantages_compare_samples_within_their_group_only() {
-        let sample = |group, reward| Sample {
-            role: Role::Detector,
-            conversation: Conversation::new(),
-            reward,
-            group,
-        };
+        let sample = |group, reward| (reward, group);
         let a = group_advantages(&[
             sample(0, 1.0),
             sample(0, 0.0),
@@ -606,6 +607,11 @@ mod tests {
         assert!(
             b.iter().sum::<f32>().abs() < 1e-6 && (var - 1.0).abs() < 1e-5,
             "{b:?}"
+        );
+        // Nothing to compare anywhere: zeros, not a division by nothing.
+        assert_eq!(
+            group_advantages(&[sample(0, 1.0), sample(1, 2.0)]),
+            [0.0, 0.0]
         );
     }
 
