@@ -308,7 +308,7 @@ impl Trained {
             let frame = head.frame_for(None);
             if let Some(f) = &frame {
                 tracing::warn!(
-                    "{}: the decision head reads traces relative to their framework's typical input, and no calibration gave one; reading through {} (on labelled traces of its training frameworks, their own). `pathfinder calibrate` with 20 or more of your healthy runs sets it from them",
+                    "{}: the decision head reads traces relative to their framework's typical input, and no calibration gave one; reading through {} (on labelled traces of its training frameworks, their own), a guess that called 41–84% of the healthy runs of frameworks left out of training deficient (BENCHMARKS.md, \"Framed training\"). Run `pathfinder calibrate` with 20 or more of your healthy runs before trusting its answers on your framework",
                     self.dir.display(),
                     f.name
                 );
