@@ -31,6 +31,7 @@ use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{FoldsBy, FrameBy, ReviewOptimizer, ReviewWeighting};
+use crate::ppo::group_advantages;
 use crate::{Result, RlError};
 
 /// The decision head's input for every battery: the language model's features (see
@@ -522,7 +523,7 @@ pub fn update(
         };
     }
     let rewards: Vec<(f64, u64)> = samples.iter().map(|s| (s.reward, s.group)).collect();
-    let advantages = crate::ppo::group_advantages(&rewards);
+    let advantages = group_advantages(&rewards);
     let k = head.classes;
     let d = head.dim;
     let z: Vec<Vec<f32>> = samples
