@@ -215,6 +215,61 @@ fn a_framed_checkpoint_trains_without_a_framework_and_reads_it_through_a_calibra
     let (_, stderr) = detect();
     assert!(!stderr.contains("training frameworks' frames"), "{stderr}");
     assert!(stderr.contains("calibration `beta-runs`"), "{stderr}");
+
+    // Without labels: the frame over every run in the store, and no threshold.
+    let unlabelled = dir.path().join("unlabelled.json");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["calibrate", "--db"])
+            .arg(&db)
+            .args(["--unlabelled", "all", "--name", "my-store", "--checkpoint"])
+            .arg(&checkpoint)
+            .arg("--out")
+            .arg(&unlabelled)
+            .output()
+            .unwrap(),
+        "calibrate --unlabelled",
+    );
+    assert!(stdout.contains("runs of unknown health"), "{stdout}");
+    assert!(
+        stdout.contains("false positives are not bounded"),
+        "{stdout}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&unlabelled).unwrap()).unwrap();
+    assert_eq!(saved["runs"], "unlabelled");
+    let stored = traces::Store::open_read_only(&db)
+        .unwrap()
+        .connection()
+        .query_row("SELECT count(*) FROM traces", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    assert_eq!(saved["frame"]["traces"].as_i64().unwrap(), stored);
+    let (stdout, stderr) = ok(
+        pathfinder()
+            .args(["detect", "--db"])
+            .arg(&db)
+            .args(["--trace", trace, "--policy"])
+            .arg(format!("checkpoint:{}", checkpoint.display()))
+            .arg("--calibration")
+            .arg(&unlabelled)
+            .output()
+            .unwrap(),
+        "detect --calibration unlabelled",
+    );
+    assert!(!stderr.contains("training frameworks' frames"), "{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("calibration `my-store`"),
+        "{stdout}{stderr}"
+    );
+    // Healthy runs and runs of unknown health are not both asked for.
+    let out = pathfinder()
+        .args(["calibrate", "--db"])
+        .arg(&db)
+        .args(["--unlabelled", "all", "--healthy", &healthy, "--checkpoint"])
+        .arg(&checkpoint)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }
 
 #[test]

@@ -57,6 +57,29 @@ pub struct Calibration {
     /// read through it). Absent: the head's own choice of frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frame: Option<Frame>,
+    /// What the runs were known to be: healthy (the threshold holds on runs like them), or
+    /// unlabelled — a user's runs of unknown health, of which most are healthy — over which
+    /// only a framed head's frame is taken and no threshold is set.
+    #[serde(default, skip_serializing_if = "Runs::is_healthy")]
+    pub runs: Runs,
+}
+
+/// What a calibration's runs are known to be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runs {
+    /// Healthy runs: the conformal threshold over their scores bounds false positives.
+    #[default]
+    Healthy,
+    /// Runs of unknown health: their median is a framed head's frame (robust while most are
+    /// healthy, `crate::frame`), and the head's own operating point decides; nothing is bounded.
+    Unlabelled,
+}
+
+impl Runs {
+    fn is_healthy(&self) -> bool {
+        *self == Runs::Healthy
+    }
 }
 
 impl Calibration {
@@ -94,6 +117,31 @@ impl Calibration {
             bound,
             recentre: Vec::new(),
             frame: None,
+            runs: Runs::Healthy,
+        })
+    }
+
+    /// A frame-only calibration: `frame` taken over a user's runs of unknown health, whose
+    /// deficiency scores through it were `scores`. It sets no threshold (every trace is decided
+    /// by the head's own operating point) and bounds nothing; the scores are kept to show.
+    pub fn unlabelled(name: &str, frame: Frame, scores: &[f32]) -> Result<Calibration> {
+        if scores.is_empty() || scores.iter().any(|s| !s.is_finite()) {
+            return Err(PolicyError::Calibration(
+                "an unlabelled calibration needs the finite scores of at least one run".into(),
+            ));
+        }
+        let mut sorted = scores.to_vec();
+        sorted.sort_by(f32::total_cmp);
+        Ok(Calibration {
+            name: name.to_owned(),
+            healthy_scores: sorted,
+            alpha: 1.0,
+            // Scores are probabilities in [0, 1]; `flags` does not read it for these runs.
+            threshold: 0.0,
+            bound: 1.0,
+            recentre: Vec::new(),
+            frame: Some(frame),
+            runs: Runs::Unlabelled,
         })
     }
 
@@ -113,7 +161,7 @@ impl Calibration {
 
     /// Whether a trace of `score` is flagged as deficient.
     pub fn flags(&self, score: f32) -> bool {
-        score > self.threshold
+        self.runs == Runs::Unlabelled || score > self.threshold
     }
 
     /// The conformal p-value of `score`: the share of the healthy runs and the trace itself
@@ -125,6 +173,13 @@ impl Calibration {
 
     /// One line for logs and reports.
     pub fn describe(&self) -> String {
+        if self.runs == Runs::Unlabelled {
+            return format!(
+                "calibration `{}`: {} runs of unknown health (traces read relative to their typical input), no threshold: false positives are not bounded (calibrate on 19 or more healthy runs for that)",
+                self.name,
+                self.healthy_scores.len()
+            );
+        }
         format!(
             "calibration `{}`: {} healthy runs{}{}, threshold {:.3}, false positives at most {:.1}%{}",
             self.name,
@@ -174,6 +229,12 @@ impl Calibration {
         if c.recentre.iter().any(|v| !v.is_finite()) {
             return Err(PolicyError::Io(format!(
                 "{}: `recentre` holds a value that is not a finite number",
+                path.display()
+            )));
+        }
+        if c.runs == Runs::Unlabelled && c.frame.is_none() {
+            return Err(PolicyError::Io(format!(
+                "{}: a calibration over unlabelled runs sets a frame, and this one holds none",
                 path.display()
             )));
         }
@@ -247,6 +308,35 @@ pub fn deficiency_score(types: &[String], log_probs: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_of_unknown_health_set_a_frame_and_no_threshold() {
+        let frame = Frame {
+            name: "3 runs of fw".into(),
+            traces: 3,
+            centre: vec![0.5, 0.0],
+        };
+        let c = Calibration::unlabelled("fw", frame, &[0.9, 0.1, 0.4]).unwrap();
+        assert_eq!(c.healthy_scores, vec![0.1, 0.4, 0.9]);
+        // Every score is left to the head's own operating point, the lowest included.
+        assert!(c.flags(0.0) && c.flags(0.05));
+        assert!(c.describe().contains("not bounded"), "{}", c.describe());
+        let dir = tempfile::tempdir().unwrap();
+        let path = c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"runs\": \"unlabelled\""), "{text}");
+        assert_eq!(Calibration::load(&path).unwrap(), c);
+        // Without its frame such a calibration means nothing, and loading says so.
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_object_mut().unwrap().remove("frame");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = Calibration::load(&path).unwrap_err().to_string();
+        assert!(err.contains("holds none"), "{err}");
+        assert!(Calibration::unlabelled("fw", c.frame.clone().unwrap(), &[]).is_err());
+        // A healthy calibration's file has no `runs` field, and older files still load.
+        let healthy = Calibration::conformal("fw", &[0.1, 0.2], 0.05).unwrap();
+        assert!(!serde_json::to_string(&healthy).unwrap().contains("runs"));
+    }
 
     #[test]
     fn the_threshold_is_the_conformal_quantile_of_the_healthy_scores() {

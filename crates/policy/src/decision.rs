@@ -433,6 +433,23 @@ impl DecisionHead {
         })
     }
 
+    /// The frame-only calibration over a user's `runs` of unknown health (head inputs, most of
+    /// them healthy runs): their per-input median as the frame, no threshold
+    /// ([`Calibration::unlabelled`]). Only a framed head reads traces through a frame.
+    pub fn frame_on(&self, name: &str, runs: &[&[f32]]) -> Result<Calibration> {
+        if !self.is_framed() {
+            return Err(PolicyError::Calibration(
+                "this head reads its inputs as they are (it was not fitted with `[head] frame = \"framework\"`): runs of unknown health can only set a framed head's frame; give healthy runs instead".into(),
+            ));
+        }
+        let frame = Frame::median_of(&format!("{} runs of {name}", runs.len()), runs)?;
+        let scores: Vec<f32> = runs
+            .iter()
+            .map(|x| deficiency_score(&self.types, &self.type_model.log_probs(&frame.apply(x))))
+            .collect();
+        Calibration::unlabelled(name, frame, &scores)
+    }
+
     /// `x` under the head's current frame (as it is when none is set).
     pub fn framed(&self, x: &[f32]) -> Vec<f32> {
         match &self.frame {
@@ -533,6 +550,12 @@ impl DecisionHead {
             &self.components[d.component_index]
         };
         let evidence = match &self.calibration {
+            Some(cal) if cal.runs == crate::calibration::Runs::Unlabelled => format!(
+                "the probe digests above, p = {p:.2}, deficiency score {:.3} read relative to `{}` ({} runs of unknown health, no threshold)",
+                deficiency_score(&self.types, &d.type_log_probs),
+                cal.name,
+                cal.healthy_scores.len()
+            ),
             Some(cal) => format!(
                 "the probe digests above, p = {p:.2}, deficiency score {:.3} against calibration `{}` (threshold {:.3}, p-value {:.2})",
                 deficiency_score(&self.types, &d.type_log_probs),
@@ -876,6 +899,22 @@ mod tests {
         head.set_calibration(Some(c)).unwrap();
         assert_eq!(named(&head, 11.0, 0.0), NONE);
         assert_eq!(named(&head, 14.0, 0.0), "P1");
+
+        // Runs of unknown health, most at 20 and one deficient at 40: their median is the
+        // frame, so a run at 19 reads as −1 (none) and one at 21 as P1 — the head's own
+        // operating point, with no threshold.
+        let runs = [[20.0f32], [20.0], [40.0], [20.0], [19.0]];
+        let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
+        let c = head.frame_on("store", &rows).unwrap();
+        assert_eq!(c.frame.as_ref().unwrap().centre, vec![20.0]);
+        head.set_calibration(Some(c)).unwrap();
+        head.set_frame(head.frame_for(None)).unwrap();
+        assert_eq!(named(&head, 19.0, 0.0), NONE);
+        assert_eq!(named(&head, 21.0, 0.0), "P1");
+        // A head fitted on raw inputs has no frame to set.
+        head.frames.clear();
+        let err = head.frame_on("store", &rows).unwrap_err().to_string();
+        assert!(err.contains("not fitted with"), "{err}");
     }
 
     #[test]

@@ -18,8 +18,13 @@ pub struct CalibrateArgs {
     pub db: PathBuf,
     /// The healthy runs: a file (JSON Lines with `trace_id`, or one id a line) or a
     /// comma-separated list of trace ids. 19 or more bound the false-positive rate at 5%.
-    #[arg(long, value_name = "IDS|FILE")]
-    pub healthy: String,
+    #[arg(long, value_name = "IDS|FILE", required_unless_present = "unlabelled")]
+    pub healthy: Option<String>,
+    /// Runs of your framework whose health you do not know (`all`: every trace in the store),
+    /// most of them healthy: a framed checkpoint then reads traces relative to their median.
+    /// No threshold is set and false positives are not bounded; healthy runs do both.
+    #[arg(long, value_name = "IDS|FILE|all", conflicts_with_all = ["healthy", "no_recentre", "alpha"])]
+    pub unlabelled: Option<String>,
     /// A training checkpoint with a decision head (checkpoints/RUN/step-N).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: PathBuf,
@@ -40,7 +45,14 @@ pub struct CalibrateArgs {
 }
 
 pub fn run(args: CalibrateArgs) -> Result<()> {
-    let ids = healthy_ids(&args.healthy)?;
+    let (ids, unlabelled) = match (&args.healthy, &args.unlabelled) {
+        (_, Some(runs)) if runs == "all" => (all_ids(&args.db)?, true),
+        (_, Some(runs)) => (run_ids(runs, "--unlabelled")?, true),
+        (Some(healthy), None) => (run_ids(healthy, "--healthy")?, false),
+        (None, None) => {
+            bail!("give the runs to calibrate on: --healthy IDS|FILE or --unlabelled IDS|FILE|all")
+        }
+    };
     check_ids(&args.db, &ids)?;
     let name = args.name.clone().unwrap_or_else(|| {
         args.db
@@ -58,6 +70,25 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     );
     let (head, inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
     bar.finish_and_clear();
+    if unlabelled {
+        let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let calibration = head
+            .frame_on(&name, &rows)
+            .with_context(|| format!("{}", args.checkpoint.display()))?;
+        let written = save(&calibration, &args)?;
+        let flagged = calibration
+            .healthy_scores
+            .iter()
+            .filter(|s| **s > 0.5)
+            .count();
+        println!("{}", calibration.describe());
+        println!(
+            "{flagged} of {} runs score above 0.5 through their own frame (none of them is known to be healthy or deficient)",
+            inputs.len()
+        );
+        println!("wrote {}", written.display());
+        return Ok(());
+    }
     // Before calibration: as `detect` reads them without one (a framed head through its best
     // guess of a frame).
     let uncalibrated_frame = head.frame_for(None);
@@ -80,19 +111,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     }
     let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
     let calibration = head.calibration_on(&name, &rows, args.alpha, recentre)?;
-    let written = match &args.out {
-        Some(path) => {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-            let tmp_dir = dir.unwrap_or(Path::new("."));
-            let saved = calibration.save(tmp_dir)?;
-            if saved != *path {
-                std::fs::rename(&saved, path)
-                    .with_context(|| format!("moving {} to {}", saved.display(), path.display()))?;
-            }
-            path.clone()
-        }
-        None => calibration.save(&args.checkpoint)?,
-    };
+    let written = save(&calibration, &args)?;
     println!("{}", calibration.describe());
     println!(
         "healthy scores{}: min {:.3}, median {:.3}, max {:.3}; {} of {} scored above 0.5 before calibration",
@@ -107,8 +126,41 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The ids `--healthy` names: a file's (JSON Lines with `trace_id`, or bare ids) or the list's.
-fn healthy_ids(arg: &str) -> Result<Vec<String>> {
+/// Writes `calibration` to `--out`, or beside the checkpoint.
+fn save(calibration: &policy::calibration::Calibration, args: &CalibrateArgs) -> Result<PathBuf> {
+    Ok(match &args.out {
+        Some(path) => {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+            let tmp_dir = dir.unwrap_or(Path::new("."));
+            let saved = calibration.save(tmp_dir)?;
+            if saved != *path {
+                std::fs::rename(&saved, path)
+                    .with_context(|| format!("moving {} to {}", saved.display(), path.display()))?;
+            }
+            path.clone()
+        }
+        None => calibration.save(&args.checkpoint)?,
+    })
+}
+
+/// Every trace of the store, in id order.
+fn all_ids(db: &Path) -> Result<Vec<String>> {
+    let store =
+        traces::Store::open_read_only(db).with_context(|| format!("opening {}", db.display()))?;
+    let mut stmt = store
+        .connection()
+        .prepare("SELECT trace_id FROM traces ORDER BY trace_id")?;
+    let ids = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    if ids.is_empty() {
+        bail!("--unlabelled all: {} holds no trace", db.display());
+    }
+    Ok(ids)
+}
+
+/// The ids `flag` names: a file's (JSON Lines with `trace_id`, or bare ids) or the list's.
+fn run_ids(arg: &str, flag: &str) -> Result<Vec<String>> {
     let path = Path::new(arg);
     let ids: Vec<String> = if path.is_file() {
         let text =
@@ -143,11 +195,11 @@ fn healthy_ids(arg: &str) -> Result<Vec<String>> {
             .collect()
     };
     if ids.is_empty() {
-        bail!("--healthy {arg}: names no trace (a file of ids, or ids separated by commas)");
+        bail!("{flag} {arg}: names no trace (a file of ids, or ids separated by commas)");
     }
     let mut seen = HashSet::new();
     if let Some(dup) = ids.iter().find(|id| !seen.insert(id.as_str())) {
-        bail!("--healthy: trace {dup} is named twice");
+        bail!("{flag}: trace {dup} is named twice");
     }
     Ok(ids)
 }
@@ -161,7 +213,7 @@ fn check_ids(db: &Path, ids: &[String]) -> Result<()> {
         .prepare("SELECT 1 FROM traces WHERE trace_id = ?1")?;
     for id in ids {
         if !stmt.exists([id])? {
-            bail!("--healthy: {} holds no trace {id}", db.display());
+            bail!("{} holds no trace {id}", db.display());
         }
     }
     Ok(())
@@ -173,9 +225,9 @@ mod tests {
 
     #[test]
     fn healthy_runs_come_from_a_list_or_a_file() {
-        assert_eq!(healthy_ids("a, b,c").unwrap(), vec!["a", "b", "c"]);
-        assert!(healthy_ids(" , ").is_err());
-        assert!(healthy_ids("a,a")
+        assert_eq!(run_ids("a, b,c", "--healthy").unwrap(), vec!["a", "b", "c"]);
+        assert!(run_ids(" , ", "--healthy").is_err());
+        assert!(run_ids("a,a", "--healthy")
             .unwrap_err()
             .to_string()
             .contains("twice"));
@@ -183,11 +235,13 @@ mod tests {
         let file = dir.path().join("healthy.jsonl");
         std::fs::write(&file, "{\"trace_id\": \"t1\"}\n\nt2\n").unwrap();
         assert_eq!(
-            healthy_ids(file.to_str().unwrap()).unwrap(),
+            run_ids(file.to_str().unwrap(), "--healthy").unwrap(),
             vec!["t1", "t2"]
         );
         std::fs::write(&file, "{\"id\": \"t1\"}\n").unwrap();
-        let err = healthy_ids(file.to_str().unwrap()).unwrap_err().to_string();
+        let err = run_ids(file.to_str().unwrap(), "--healthy")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 1"), "{err}");
     }
 }

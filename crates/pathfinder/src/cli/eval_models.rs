@@ -274,10 +274,14 @@ impl Trained {
     pub fn describe(&self) -> String {
         match &self.calibration {
             Some(c) => format!(
-                "checkpoint:{} (calibration `{}`, {} healthy runs)",
+                "checkpoint:{} (calibration `{}`, {} {} runs)",
                 self.dir.display(),
                 c.name,
-                c.healthy_scores.len()
+                c.healthy_scores.len(),
+                match c.runs {
+                    policy::calibration::Runs::Healthy => "healthy",
+                    policy::calibration::Runs::Unlabelled => "unlabelled",
+                }
             ),
             None => format!("checkpoint:{} (no calibration)", self.dir.display()),
         }
@@ -308,7 +312,7 @@ impl Trained {
             let frame = head.frame_for(None);
             if let Some(f) = &frame {
                 tracing::warn!(
-                    "{}: the decision head reads traces relative to their framework's typical input, and no calibration gave one; reading through {} (on labelled traces of its training frameworks, their own), a guess that called 41–84% of the healthy runs of frameworks left out of training deficient (BENCHMARKS.md, \"Framed training\"). Run `pathfinder calibrate` with 20 or more of your healthy runs before trusting its answers on your framework",
+                    "{}: the decision head reads traces relative to their framework's typical input, and no calibration gave one; reading through {} (on labelled traces of its training frameworks, their own), a guess that called 41–84% of the healthy runs of frameworks left out of training deficient (BENCHMARKS.md, \"Framed training\"). Run `pathfinder calibrate` with 20 or more of your healthy runs (`--healthy`), or at least over your runs of unknown health (`--unlabelled all`), before trusting its answers on your framework",
                     self.dir.display(),
                     f.name
                 );
