@@ -45,7 +45,9 @@ pub struct TrainerState {
 }
 
 /// The current scheme of [`TrainerState::rng_scheme`].
-pub const RNG_SCHEME: &str = "splitmix64(seed, step, index) v1";
+/// v2: each draw's purpose is named (`trainer::Draw`); under v1 the focus draw of episode `i`
+/// and the replay's `j`-th sample shared numbers whenever the indices met.
+pub const RNG_SCHEME: &str = "splitmix64(seed, step, index, draw) v2";
 
 fn checkpoint_err(path: &Path, reason: impl Into<String>) -> RlError {
     RlError::Checkpoint {

@@ -21,7 +21,7 @@ impl Trainer {
             let agent = agents[((step - 1) as usize * n + i) % agents.len()].clone();
             let mut options = env.options(&agent, diff_mode)?;
             if let Some(errors) = &self.focus {
-                let u = unit(mix(seed, step, i as u64, 7));
+                let u = unit(mix(seed, step, i as u64, Draw::Focus));
                 let floor = self.config.injector.focus_floor;
                 match self.config.injector.focus {
                     InjectorFocus::Coverage => {
@@ -67,7 +67,7 @@ impl Trainer {
                     &history,
                     &options,
                     self.config.detector.temperature,
-                    mix(seed, step, i as u64, 1),
+                    mix(seed, step, i as u64, Draw::InjectorChoice),
                 )?
             };
             let option = options[choice.index].clone();
@@ -100,7 +100,7 @@ impl Trainer {
                             file,
                             code,
                             deficiency,
-                            seed: mix(seed, step, *i as u64, 5),
+                            seed: mix(seed, step, *i as u64, Draw::FreeDiff),
                         },
                     ))
                 })
@@ -123,7 +123,7 @@ impl Trainer {
                 &format!("s{step:05}i{i:02}"),
                 &agent,
                 &option,
-                mix(seed, step, i as u64, 2),
+                mix(seed, step, i as u64, Draw::Task),
                 |task| self.state.planted_tasks.contains(&format!("{key}/{task}")),
             )?);
             episodes.push(Episode {
@@ -133,10 +133,8 @@ impl Trainer {
                 injector: choice.conversation,
                 offered,
                 manifest: None,
-                detections: Vec::new(),
-                head_choices: Vec::new(),
-                healthy: Vec::new(),
-                healthy_choices: Vec::new(),
+                injected: Investigations::default(),
+                healthy: Investigations::default(),
             });
         }
 
@@ -240,7 +238,7 @@ impl Trainer {
                     let index = episodes[i].index;
                     let trace_id = format!("t{step:05}{index:02}");
                     environment::import(&mut store, &out, &manifest, &trace_id)?;
-                    (episodes[i].detections, episodes[i].head_choices) =
+                    episodes[i].injected =
                         self.investigate(&detector, &trace_id, &manifest.agent, step, index)?;
                     if let Some(clean) = clean {
                         candidates.push((index, i, clean));
@@ -287,7 +285,7 @@ impl Trainer {
             // Its randomness is drawn after the step's injected traces' (n + index).
             let trace_id = format!("h{step:05}{index:02}");
             environment::import_healthy(&mut store, clean, &manifest, &trace_id)?;
-            (episodes[*i].healthy, episodes[*i].healthy_choices) =
+            episodes[*i].healthy =
                 self.investigate(&detector, &trace_id, &manifest.agent, step, n + index)?;
         }
         drop(store);
@@ -322,11 +320,18 @@ impl Trainer {
         trace_id: &str,
         step: u64,
         i: usize,
-    ) -> Result<Vec<(Answered, Conversation, detect::Transcript)>> {
+    ) -> Result<Vec<Detection>> {
         let seed = self.config.run.seed;
         let per_trace = self.config.detector.samples_per_trace;
         let options: Vec<DetectorOptions> = (0..per_trace)
-            .map(|k| self.detector_options(mix(seed, step, (i * per_trace + k) as u64, 3)))
+            .map(|k| {
+                self.detector_options(mix(
+                    seed,
+                    step,
+                    (i * per_trace + k) as u64,
+                    Draw::Investigation,
+                ))
+            })
             .collect();
         policy::investigate_many(
             detector,
@@ -339,11 +344,15 @@ impl Trainer {
         .into_iter()
         .map(|done| {
             let (transcript, conversation) = done.map_err(RlError::Environment)?;
-            let detection = Answered {
+            let answered = Answered {
                 verdict: transcript.deficiency_verdict().cloned(),
                 tool_calls: eval::store_eval::tool_calls(&transcript),
             };
-            Ok((detection, conversation, transcript))
+            Ok(Detection {
+                answered,
+                conversation,
+                transcript,
+            })
         })
         .collect()
     }
@@ -361,10 +370,10 @@ impl Trainer {
     ) -> Result<Investigations> {
         match &self.heads {
             Some((h, _)) => self.investigate_head(detector, h, trace_id, agent, step, i),
-            None => Ok((
-                self.investigate_tokens(detector, trace_id, step, i)?,
-                Vec::new(),
-            )),
+            None => Ok(Investigations {
+                detections: self.investigate_tokens(detector, trace_id, step, i)?,
+                draws: Vec::new(),
+            }),
         }
     }
 
@@ -394,7 +403,7 @@ impl Trainer {
             Arc::new(in_frame),
             reader,
             temperature,
-            unit(mix(seed, step, (i * per_trace) as u64, 3)),
+            unit(mix(seed, step, (i * per_trace) as u64, Draw::Investigation)),
             Some(Arc::clone(&sink)),
         );
         let transcript = detector
@@ -412,7 +421,7 @@ impl Trainer {
             })?;
         let calls = eval::store_eval::tool_calls(&transcript);
         let mut detections = Vec::with_capacity(per_trace);
-        let mut choices = Vec::with_capacity(per_trace);
+        let mut draws = Vec::with_capacity(per_trace);
         for k in 0..per_trace {
             let d = if k == 0 {
                 investigated.choice.clone()
@@ -420,20 +429,25 @@ impl Trainer {
                 h.decide_framed(
                     &investigated.features,
                     temperature,
-                    unit(mix(seed, step, (i * per_trace + k) as u64, 3)),
+                    unit(mix(
+                        seed,
+                        step,
+                        (i * per_trace + k) as u64,
+                        Draw::Investigation,
+                    )),
                 )
             };
-            detections.push((
-                head_detection(h, &d, calls),
-                Conversation::new(),
-                transcript.clone(),
-            ));
-            choices.push((
-                investigated.features.clone(),
-                d.type_index,
-                d.type_log_probs[d.type_index],
-            ));
+            detections.push(Detection {
+                answered: head_detection(h, &d, calls),
+                conversation: Conversation::new(),
+                transcript: transcript.clone(),
+            });
+            draws.push(HeadDraw {
+                features: investigated.features.clone(),
+                class: d.type_index,
+                log_prob: d.type_log_probs[d.type_index],
+            });
         }
-        Ok((detections, choices))
+        Ok(Investigations { detections, draws })
     }
 }

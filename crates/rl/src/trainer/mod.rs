@@ -94,13 +94,42 @@ struct Episode {
     manifest: Option<corpus::Manifest>,
     /// The Detector's investigations of the episode's trace (`detector.samples_per_trace` of
     /// them); empty when the injection was not valid.
-    detections: Vec<(Answered, Conversation, detect::Transcript)>,
-    /// With the decision head, each detection's sampled choice: (features, class, log-prob).
-    head_choices: Vec<(Vec<f32>, usize, f32)>,
+    injected: Investigations,
     /// The investigations of the clean run beside the injection, as a healthy trace
     /// (`run.healthy_per_step`); empty when it was not investigated.
-    healthy: Vec<(Answered, Conversation, detect::Transcript)>,
-    healthy_choices: Vec<(Vec<f32>, usize, f32)>,
+    healthy: Investigations,
+}
+
+/// A live trace's investigations by the Detector: `detector.samples_per_trace` of them and,
+/// with the decision head, the draw behind each (empty in token mode).
+#[derive(Default, Serialize, Deserialize)]
+struct Investigations {
+    detections: Vec<Detection>,
+    draws: Vec<HeadDraw>,
+}
+
+impl Investigations {
+    fn is_empty(&self) -> bool {
+        self.detections.is_empty()
+    }
+}
+
+/// One investigation of a live trace: what it answered, the token policy's conversation
+/// (empty for the decision head) and the transcript.
+#[derive(Serialize, Deserialize)]
+struct Detection {
+    answered: Answered,
+    conversation: Conversation,
+    transcript: detect::Transcript,
+}
+
+/// The decision head's choice on a live trace, as PPO needs it: the input it read (through
+/// the trace's frame), the class drawn and that class's log-probability.
+#[derive(Clone, Serialize, Deserialize)]
+struct HeadDraw {
+    features: Vec<f32>,
+    class: usize,
+    log_prob: f32,
 }
 
 /// What the Injector proposed in a step: the episodes, their plans and (diff mode) diffs.
@@ -141,13 +170,38 @@ struct HeadUpdate {
     none_shift: Option<f32>,
 }
 
-/// A stable 64-bit mix of the run seed and a position (SplitMix64 finaliser), the only source of
-/// randomness in a run.
-pub fn mix(seed: u64, step: u64, index: u64, purpose: u64) -> u64 {
+/// What a random number is drawn for. Each is its own stream of [`mix`], so two draws share a
+/// number only when they are the same draw (step, index and purpose alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Draw {
+    /// The Injector's choice among the offered templates for episode `i`.
+    InjectorChoice = 1,
+    /// The task a new episode `i` runs on.
+    Task = 2,
+    /// The `k`-th sampled investigation of live trace `i` (index `i · samples + k`): the token
+    /// policy's decoding options, or the decision head's draw — a run uses one of the two.
+    Investigation = 3,
+    /// The higher-order review of failure `k`.
+    Review = 4,
+    /// The free-form diff written for episode `i`.
+    FreeDiff = 5,
+    /// Which train trace the `j`-th replay slot of a PPO step holds.
+    ReplayPick = 6,
+    /// The focus schedule's draw of episode `i`'s template.
+    Focus = 7,
+    /// The `k`-th sampled decision on replay slot `j` (index `j · samples + k`).
+    ReplaySample = 8,
+    /// The initial LoRA weights of adapter `i` (step 0).
+    AdapterInit = 9,
+}
+
+/// A stable 64-bit mix of the run seed, a position and what it is drawn for (SplitMix64
+/// finaliser), the only source of randomness in a run.
+pub fn mix(seed: u64, step: u64, index: u64, draw: Draw) -> u64 {
     let mut z = seed
         ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9)
-        ^ purpose.wrapping_mul(0x94D0_49BB_1331_11EB);
+        ^ (draw as u64).wrapping_mul(0x94D0_49BB_1331_11EB);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -272,8 +326,11 @@ impl Trainer {
         let mut optimizers = BTreeMap::new();
         for (i, name) in names.iter().enumerate() {
             if pm.model.adapter(name).is_none() {
-                pm.model
-                    .add_adapter(name, lora.clone(), mix(config.run.seed, 0, i as u64, 7))?;
+                pm.model.add_adapter(
+                    name,
+                    lora.clone(),
+                    mix(config.run.seed, 0, i as u64, Draw::AdapterInit),
+                )?;
                 pm.model.add_value_head(name)?;
             }
         }
@@ -653,7 +710,7 @@ impl Trainer {
         };
         let secs = started.elapsed().as_secs_f64();
         let nf = n as f64;
-        let valid = episodes.iter().filter(|e| !e.detections.is_empty()).count();
+        let valid = episodes.iter().filter(|e| !e.injected.is_empty()).count();
         let per_inv = |x: f64| (investigated > 0).then(|| x / investigated as f64);
         let mut unique = chosen_types.clone();
         unique.sort();
@@ -707,13 +764,6 @@ impl Trainer {
     }
 }
 
-/// A live trace's investigations (detection, conversation, transcript) and, with the decision
-/// head, each choice's (features, class, log-probability).
-type Investigations = (
-    Vec<(Answered, Conversation, detect::Transcript)>,
-    Vec<(Vec<f32>, usize, f32)>,
-);
-
 /// The head's higher-order example for a live trace (§5.5): its features and true class when
 /// the greedy answer is wrong (the investigation's choices are sampled), or with `keep_named`
 /// whatever it answered; none when the head has no class for the truth. Also whether the
@@ -749,7 +799,6 @@ fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// What a head decision answers, as the reward sees it.
 /// The Injector's PPO sample for an episode, or none when it chose among one option (the
 /// focus made the choice, so it teaches the policy nothing).
 fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
@@ -761,6 +810,7 @@ fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
     })
 }
 
+/// What a head decision answers, as the reward sees it.
 fn head_detection(h: &DecisionHead, d: &policy::decision::HeadChoice, calls: usize) -> Answered {
     Answered {
         verdict: Some(h.verdict(d)),
@@ -809,4 +859,38 @@ fn read_eval(path: &Path, step: u64) -> Result<Option<Accuracy>> {
 
 fn collective_err(e: collective::CollectiveError) -> RlError {
     RlError::Environment(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_draw_is_its_own_stream() {
+        // The same seed, step and index give a different number for every purpose: the
+        // focus draw of episode 3 no longer equals the replay's third sample.
+        let draws = [
+            Draw::InjectorChoice,
+            Draw::Task,
+            Draw::Investigation,
+            Draw::Review,
+            Draw::FreeDiff,
+            Draw::ReplayPick,
+            Draw::Focus,
+            Draw::ReplaySample,
+            Draw::AdapterInit,
+        ];
+        for step in [0, 1, 7] {
+            for index in [0, 3, 40] {
+                let mut seen: Vec<u64> = draws.iter().map(|d| mix(11, step, index, *d)).collect();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len(), draws.len(), "step {step}, index {index}");
+            }
+        }
+        assert_ne!(mix(0, 1, 3, Draw::Focus), mix(0, 1, 3, Draw::ReplaySample));
+        // Pinned: a change to the streams must come with a new `checkpoint::RNG_SCHEME`, or a
+        // resumed run would draw other numbers than the run it resumes.
+        assert_eq!(mix(0, 1, 3, Draw::Focus), 0x722f_5cc0_278f_4ee2);
+    }
 }

@@ -35,7 +35,7 @@ impl Trainer {
             let manifest = e.manifest.as_ref().expect("checked above");
             let truth = environment::truth(manifest);
             let sites = &env.agent(&e.agent)?.sites;
-            if e.detections.is_empty() {
+            if e.injected.is_empty() {
                 // Invalid: the injection never reached the Detector.
                 let r_inj = reward::injector_reward(None, &truth, w);
                 r_inj_sum += r_inj;
@@ -46,9 +46,11 @@ impl Trainer {
             }
             // The Injector's reward is its expected reward over the trace's investigations;
             // each investigation is trained on its own joint reward.
-            let k = e.detections.len() as f64;
+            let k = e.injected.detections.len() as f64;
             let (mut r_inj, mut r_det_mean) = (0.0, 0.0);
-            for (j, (d, conversation, transcript)) in e.detections.iter().enumerate() {
+            for (j, inv) in e.injected.detections.iter().enumerate() {
+                let (d, conversation, transcript) =
+                    (&inv.answered, &inv.conversation, &inv.transcript);
                 let r_det = reward::detector_reward(d, &truth, sites, w);
                 let r_inj_j = reward::injector_reward(Some(d), &truth, w);
                 let line = serde_json::json!({
@@ -79,11 +81,10 @@ impl Trainer {
                 );
                 if j == 0 {
                     self.state.history.push((truth.id().to_owned(), correct));
-                    if let (Some((h, _)), Some((features, _, _))) =
-                        (&self.heads, e.head_choices.first())
-                    {
-                        new_head_failures
-                            .extend(review_example(h, features, &truth, &e.agent, keep_named).0);
+                    if let (Some((h, _)), Some(draw)) = (&self.heads, e.injected.draws.first()) {
+                        new_head_failures.extend(
+                            review_example(h, &draw.features, &truth, &e.agent, keep_named).0,
+                        );
                     }
                     // One higher-order example per trace: its other investigations' failures
                     // would be near copies.
@@ -93,11 +94,11 @@ impl Trainer {
                         new_failures.push(f);
                     }
                 }
-                if let Some((features, action, old_log_prob)) = e.head_choices.get(j) {
+                if let Some(draw) = e.injected.draws.get(j) {
                     samples_head.push(HeadSample {
-                        features: features.clone(),
-                        action: *action,
-                        old_log_prob: *old_log_prob,
+                        features: draw.features.clone(),
+                        action: draw.class,
+                        old_log_prob: draw.log_prob,
                         reward: if w.joint { r_inj_j + r_det } else { r_det },
                         group: 1 + i as u64,
                     });
@@ -121,7 +122,9 @@ impl Trainer {
             // answer called it deficient.
             let truth = environment::healthy_truth();
             let group = 1 + (episodes.len() + i) as u64;
-            for (j, (d, conversation, transcript)) in e.healthy.iter().enumerate() {
+            for (j, inv) in e.healthy.detections.iter().enumerate() {
+                let (d, conversation, transcript) =
+                    (&inv.answered, &inv.conversation, &inv.transcript);
                 let r_det = reward::detector_reward(d, &truth, sites, w);
                 let line = serde_json::json!({
                     "step": step,
@@ -136,22 +139,20 @@ impl Trainer {
                 log.push('\n');
                 if j == 0 {
                     healthy += 1;
-                    if let (Some((h, _)), Some((features, _, _))) =
-                        (&self.heads, e.healthy_choices.first())
-                    {
+                    if let (Some((h, _)), Some(draw)) = (&self.heads, e.healthy.draws.first()) {
                         let (example, named) =
-                            review_example(h, features, &truth, &e.agent, keep_named);
+                            review_example(h, &draw.features, &truth, &e.agent, keep_named);
                         healthy_flagged += usize::from(!named);
                         new_head_failures.extend(example);
                     } else {
                         healthy_flagged += usize::from(!d.names(&truth));
                     }
                 }
-                if let Some((features, action, old_log_prob)) = e.healthy_choices.get(j) {
+                if let Some(draw) = e.healthy.draws.get(j) {
                     samples_head.push(HeadSample {
-                        features: features.clone(),
-                        action: *action,
-                        old_log_prob: *old_log_prob,
+                        features: draw.features.clone(),
+                        action: draw.class,
+                        old_log_prob: draw.log_prob,
                         reward: r_det,
                         group,
                     });
@@ -237,7 +238,7 @@ impl Trainer {
                     self.adapter(Role::Review),
                     f,
                     self.config.detector.temperature,
-                    mix(seed, step, k as u64, 4),
+                    mix(seed, step, k as u64, Draw::Review),
                 )?;
                 mine.push((
                     k,
@@ -340,8 +341,8 @@ impl Trainer {
         let calls = detect::probes::LIBRARY.len();
         let take = self.config.head.replay.min(self.replay.len());
         for j in 0..take {
-            let (t, x) =
-                &self.replay[(mix(seed, step, j as u64, 6) % self.replay.len() as u64) as usize];
+            let (t, x) = &self.replay
+                [(mix(seed, step, j as u64, Draw::ReplayPick) % self.replay.len() as u64) as usize];
             let truth = t.truth.clone();
             let sites = t
                 .agent
@@ -353,7 +354,12 @@ impl Trainer {
                 let d = h.decide(
                     x,
                     temperature,
-                    unit(mix(seed, step, (j * per_trace + k) as u64, 7)),
+                    unit(mix(
+                        seed,
+                        step,
+                        (j * per_trace + k) as u64,
+                        Draw::ReplaySample,
+                    )),
                 );
                 let r = reward::detector_reward(&head_detection(h, &d, calls), &truth, &sites, w);
                 batch.push(HeadSample {
