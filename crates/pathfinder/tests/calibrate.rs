@@ -57,6 +57,20 @@ fn calibrate_saves_a_threshold_that_eval_and_detect_name() {
     )
     .unwrap();
     assert_eq!(saved["healthy_scores"].as_array().unwrap().len(), 6);
+    // Runs of unknown health can only set a frame, and this head reads inputs as they are.
+    let out = pathfinder()
+        .args(["calibrate", "--db"])
+        .arg(&db)
+        .args(["--unlabelled", "all", "--checkpoint"])
+        .arg(&checkpoint)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("can only set a framed head's frame"),
+        "{stderr}"
+    );
 
     let split = db.with_file_name("splits").join("test.jsonl");
     let eval = |calibration: Option<&str>| {

@@ -63,6 +63,18 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     eval_models::check_checkpoint(&args.checkpoint)?;
     let trained = eval_models::load_checkpoint(&args.checkpoint)?
         .calibrated(&eval_models::CalibrationChoice::Off)?;
+    // Runs of unknown health only set a frame: refuse a head without frames before the model
+    // reads every run.
+    if unlabelled {
+        if let Some((head, _)) = rl::head::load(&trained.dir, trained.adapter)? {
+            if !head.is_framed() {
+                bail!(
+                    "{}: its decision head reads its inputs as they are (not fitted with `[head] frame = \"framework\"`): runs of unknown health can only set a framed head's frame; give healthy runs with --healthy",
+                    args.checkpoint.display()
+                );
+            }
+        }
+    }
     let bar = ProgressBar::new(ids.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("scoring {bar:30} {pos}/{len} healthy runs")
