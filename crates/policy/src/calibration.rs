@@ -38,7 +38,8 @@ pub const CALIBRATION_FILE: &str = "calibration.json";
 pub struct Calibration {
     /// What the healthy runs were (a framework, a deployment), shown wherever it is used.
     pub name: String,
-    /// The healthy runs' deficiency scores, ascending.
+    /// The healthy runs' deficiency scores, ascending (under [`Runs::Unlabelled`], the scores
+    /// of the runs of unknown health, kept to show; the name stays for older files).
     pub healthy_scores: Vec<f32>,
     /// The false-positive rate asked for.
     pub alpha: f64,

@@ -437,17 +437,24 @@ impl DecisionHead {
     /// them healthy runs): their per-input median as the frame, no threshold
     /// ([`Calibration::unlabelled`]). Only a framed head reads traces through a frame.
     pub fn frame_on(&self, name: &str, runs: &[&[f32]]) -> Result<Calibration> {
-        if !self.is_framed() {
-            return Err(PolicyError::Calibration(
-                "this head reads its inputs as they are (it was not fitted with `[head] frame = \"framework\"`): runs of unknown health can only set a framed head's frame; give healthy runs instead".into(),
-            ));
-        }
+        self.check_framed()?;
         let frame = Frame::median_of(&format!("{} runs of {name}", runs.len()), runs)?;
         let scores: Vec<f32> = runs
             .iter()
             .map(|x| deficiency_score(&self.types, &self.type_model.log_probs(&frame.apply(x))))
             .collect();
         Calibration::unlabelled(name, frame, &scores)
+    }
+
+    /// Whether runs of unknown health can calibrate it: only a framed head has a frame to
+    /// set ([`DecisionHead::frame_on`]); callers check before reading the runs.
+    pub fn check_framed(&self) -> Result<()> {
+        if self.is_framed() {
+            return Ok(());
+        }
+        Err(PolicyError::Calibration(
+            "this head reads its inputs as they are (it was not fitted with `[head] frame = \"framework\"`): runs of unknown health can only set a framed head's frame; give healthy runs instead".into(),
+        ))
     }
 
     /// `x` under the head's current frame (as it is when none is set).

@@ -67,12 +67,8 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     // reads every run.
     if unlabelled {
         if let Some((head, _)) = rl::head::load(&trained.dir, trained.adapter)? {
-            if !head.is_framed() {
-                bail!(
-                    "{}: its decision head reads its inputs as they are (not fitted with `[head] frame = \"framework\"`): runs of unknown health can only set a framed head's frame; give healthy runs with --healthy",
-                    args.checkpoint.display()
-                );
-            }
+            head.check_framed()
+                .with_context(|| format!("{}", args.checkpoint.display()))?;
         }
     }
     let bar = ProgressBar::new(ids.len() as u64);

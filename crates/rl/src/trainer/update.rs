@@ -48,9 +48,12 @@ impl Trainer {
             // each investigation is trained on its own joint reward.
             let k = e.injected.detections.len() as f64;
             let (mut r_inj, mut r_det_mean) = (0.0, 0.0);
-            for (j, inv) in e.injected.detections.iter().enumerate() {
-                let (d, conversation, transcript) =
-                    (&inv.answered, &inv.conversation, &inv.transcript);
+            for (j, detection) in e.injected.detections.iter().enumerate() {
+                let Detection {
+                    answered: d,
+                    conversation,
+                    transcript,
+                } = detection;
                 let r_det = reward::detector_reward(d, &truth, sites, w);
                 let r_inj_j = reward::injector_reward(Some(d), &truth, w);
                 let line = serde_json::json!({
@@ -122,9 +125,12 @@ impl Trainer {
             // answer called it deficient.
             let truth = environment::healthy_truth();
             let group = 1 + (episodes.len() + i) as u64;
-            for (j, inv) in e.healthy.detections.iter().enumerate() {
-                let (d, conversation, transcript) =
-                    (&inv.answered, &inv.conversation, &inv.transcript);
+            for (j, detection) in e.healthy.detections.iter().enumerate() {
+                let Detection {
+                    answered: d,
+                    conversation,
+                    transcript,
+                } = detection;
                 let r_det = reward::detector_reward(d, &truth, sites, w);
                 let line = serde_json::json!({
                     "step": step,
