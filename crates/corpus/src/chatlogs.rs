@@ -132,6 +132,18 @@ fn turn_content(span: &Span) -> Option<String> {
 /// Writes one log per eligible record of `corpus`/corpus.jsonl (of `split` when given) into
 /// `out` as `TRACE_ID.json`.
 pub fn export(corpus: &Path, out: &Path, split: Option<&str>) -> Result<Exported, CorpusError> {
+    export_where(corpus, out, |record| {
+        split.is_none_or(|s| s == record.split)
+    })
+}
+
+/// [`export`] of the records `keep` accepts (the others count as `other_split`): a split less
+/// some frameworks, for a blamer trained without them.
+pub fn export_where(
+    corpus: &Path,
+    out: &Path,
+    keep: impl Fn(&Record) -> bool,
+) -> Result<Exported, CorpusError> {
     let io = |path: PathBuf| move |source| CorpusError::Io { path, source };
     let records_path = corpus.join("corpus.jsonl");
     let text = std::fs::read_to_string(&records_path).map_err(io(records_path.clone()))?;
@@ -149,7 +161,7 @@ pub fn export(corpus: &Path, out: &Path, split: Option<&str>) -> Result<Exported
     {
         let record: Record = serde_json::from_str(line)
             .map_err(|e| CorpusError::Plan(format!("{}:{}: {e}", records_path.display(), i + 1)))?;
-        if split.is_some_and(|s| s != record.split) {
+        if !keep(&record) {
             done.other_split += 1;
             continue;
         }

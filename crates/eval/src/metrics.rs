@@ -401,7 +401,7 @@ pub fn agent_correct(case: &BlameCase) -> Option<bool> {
 }
 
 /// Agent names compared case-insensitively with `_` for spaces.
-fn same_agent(a: &str, b: &str) -> bool {
+pub fn same_agent(a: &str, b: &str) -> bool {
     let norm = |a: &str| a.trim().replace(' ', "_").to_lowercase();
     norm(a) == norm(b)
 }

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 #[path = "support/warm.rs"]
+#[allow(dead_code)]
 mod warm;
 use warm::{ok, pathfinder, warm_started, warm_started_with};
 

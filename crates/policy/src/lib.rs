@@ -21,6 +21,8 @@
 //! - [`prompt`]: the short prompts a 135M-parameter model can be trained on.
 //! - [`blame`]: a model's blame on a multi-agent chat log: the expert's per-turn measurements,
 //!   then one choice among the log's turns.
+//! - [`blame_head`]: the learned blamer, a conditional-logit head over each acting turn's
+//!   measurements (fitted and trained by `rl::blame`), as a `detect::Policy`.
 //! - [`baseline`]: the one-prompt Detector of the zero-shot and RAG baselines (the bare base
 //!   model reads the trace as text and answers once, under the answer-only grammar).
 //!
@@ -31,6 +33,7 @@
 pub mod baseline;
 pub mod batched_decoding;
 pub mod blame;
+pub mod blame_head;
 pub mod calibration;
 pub mod chat;
 pub mod decision;

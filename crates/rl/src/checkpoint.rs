@@ -68,13 +68,25 @@ pub type Heads<'a> = Option<(
     &'a policy::decision::DecisionHead,
 )>;
 
-/// Writes a checkpoint of `adapters` (name and optimizer), the decision head if there is one,
-/// and `state` into `RUN/step-N/`.
+/// A blame head saved with an adapter: (adapter, head, its warm-started reference).
+pub type BlameHeads<'a> = Option<(
+    &'a str,
+    &'a policy::blame_head::BlameHead,
+    &'a policy::blame_head::BlameHead,
+)>;
+
+/// The file a blame head's warm-started reference is kept in, beside
+/// [`policy::blame_head::FILE`].
+pub const BLAME_REFERENCE_FILE: &str = "blame-reference.json";
+
+/// Writes a checkpoint of `adapters` (name and optimizer), the decision and blame heads if there
+/// are any, and `state` into `RUN/step-N/`.
 pub fn save(
     run: &Path,
     model: &Model,
     adapters: &[(&str, &AdamW)],
     heads: Heads<'_>,
+    blame: BlameHeads<'_>,
     state: &TrainerState,
     config_text: &str,
 ) -> Result<PathBuf> {
@@ -105,6 +117,14 @@ pub fn save(
         head.save(&dir.join(policy::decision::HEAD_FILE))?;
         reference.save(&dir.join(policy::decision::REFERENCE_HEAD_FILE))?;
     }
+    if let Some((adapter, head, reference)) = blame {
+        let dir = tmp.join(adapter);
+        std::fs::create_dir_all(&dir).map_err(|e| RlError::io(&dir, e))?;
+        let path = dir.join(policy::blame_head::FILE);
+        head.save(&path).map_err(|e| RlError::io(&path, e))?;
+        let path = dir.join(BLAME_REFERENCE_FILE);
+        reference.save(&path).map_err(|e| RlError::io(&path, e))?;
+    }
     // Compact: with the decision head the state holds every reviewed live trace's features.
     let json = serde_json::to_string(state).expect("state serialises");
     let write = |file: &str, bytes: &[u8]| {
@@ -125,6 +145,25 @@ pub fn save(
     }
     std::fs::rename(&tmp, &dest).map_err(|e| RlError::io(&dest, e))?;
     Ok(dest)
+}
+
+/// The blame head and its reference saved with `adapter` in checkpoint `dir`, if any.
+pub fn load_blame(
+    dir: &Path,
+    adapter: &str,
+) -> Result<Option<(policy::blame_head::BlameHead, policy::blame_head::BlameHead)>> {
+    let sub = dir.join(adapter);
+    let head = sub.join(policy::blame_head::FILE);
+    if !head.is_file() {
+        return Ok(None);
+    }
+    let load = |path: &Path| {
+        policy::blame_head::BlameHead::load(path).map_err(|e| RlError::Checkpoint {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    };
+    Ok(Some((load(&head)?, load(&sub.join(BLAME_REFERENCE_FILE))?)))
 }
 
 /// The newest complete checkpoint of a run.

@@ -31,6 +31,48 @@ pub struct RunConfig {
     pub eval: EvalConfig,
     #[serde(default)]
     pub head: HeadConfig,
+    #[serde(default)]
+    pub blame: BlameConfig,
+}
+
+/// The learned blamer (`rl::blame`): which agent, at which turn, made a multi-agent run's
+/// decisive mistake. Fitted on the corpus's multi-agent logs (`[eval] corpus`, train split)
+/// and trained by PPO beside the Detector; saved with the Detector's adapter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BlameConfig {
+    /// Train a blame head (needs `[eval] corpus`; a corpus without multi-agent logs trains
+    /// none, and says so).
+    pub enabled: bool,
+    /// The warm start: L2 penalty, Adam's step size, full-batch epochs.
+    pub l2: f64,
+    pub lr: f64,
+    pub epochs: usize,
+    /// PPO: train logs drawn per step, turns sampled per log, step size, epochs over the
+    /// batch, clip range and KL coefficient towards the warm-started head.
+    pub logs_per_step: usize,
+    pub samples_per_log: usize,
+    pub ppo_lr: f64,
+    pub ppo_epochs: usize,
+    pub clip: f64,
+    pub kl_coef: f64,
+}
+
+impl Default for BlameConfig {
+    fn default() -> Self {
+        BlameConfig {
+            enabled: false,
+            l2: 1e-2,
+            lr: 0.05,
+            epochs: 300,
+            logs_per_step: 32,
+            samples_per_log: 4,
+            ppo_lr: 0.005,
+            ppo_epochs: 4,
+            clip: 0.2,
+            kl_coef: 0.3,
+        }
+    }
 }
 
 /// How the Detector decides.
@@ -705,6 +747,29 @@ impl RunConfig {
             }
             if !(self.injector.focus_floor > 0.0 && self.injector.focus_floor.is_finite()) {
                 return bad("injector.focus_floor", "must be a positive number");
+            }
+        }
+        if self.blame.enabled {
+            if self.eval.corpus.is_empty() {
+                return bad(
+                    "blame.enabled",
+                    "the blamer is fitted on a corpus's multi-agent logs: set `[eval] corpus`",
+                );
+            }
+            if self.blame.logs_per_step == 0 || self.blame.samples_per_log < 2 {
+                return bad(
+                    "blame.logs_per_step / blame.samples_per_log",
+                    "PPO needs at least one log a step and two samples a log (advantages compare samples of one log)",
+                );
+            }
+            if !(self.blame.clip > 0.0 && self.blame.clip < 1.0) {
+                return bad("blame.clip", "must be in (0, 1)");
+            }
+            if self.blame.lr <= 0.0 || self.blame.ppo_lr <= 0.0 || self.blame.l2 < 0.0 {
+                return bad(
+                    "blame.lr / blame.ppo_lr / blame.l2",
+                    "step sizes must be positive and the penalty not negative",
+                );
             }
         }
         if !self.eval.leave_out.is_empty() {

@@ -507,6 +507,63 @@ pub struct HeadPpo {
     pub kl_coef: f64,
 }
 
+/// One sample's share of a softmax policy's PPO loss, and its gradient by the logits.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ClippedTerm {
+    /// −min(ρA, clip(ρ, 1 ± ε)A), ρ = π(a) / π_old(a).
+    pub loss: f64,
+    /// KL(π ‖ π_ref) over the choices, exact.
+    pub kl: f64,
+    /// The clipped side was the smaller (no gradient through the surrogate).
+    pub clipped: bool,
+    pub entropy: f64,
+    /// ∂(loss + β·KL)/∂logit_i: −Aρ(1[i = a] − p_i) while unclipped, plus
+    /// β·p_i·(log p_i − log p_ref,i − KL).
+    pub logit_grad: Vec<f64>,
+}
+
+/// The clipped surrogate and KL anchor of one sampled choice `action` under log-probabilities
+/// `lp` (the policy's now; `ref_lp` the reference's), shared by every softmax head PPO trains.
+pub(crate) fn clipped_term(
+    lp: &[f32],
+    action: usize,
+    old_log_prob: f32,
+    advantage: f64,
+    ref_lp: &[f32],
+    cfg: &HeadPpo,
+) -> ClippedTerm {
+    let p: Vec<f64> = lp.iter().map(|l| (*l as f64).exp()).collect();
+    let ratio = ((lp[action] - old_log_prob) as f64).exp();
+    let unclipped = ratio * advantage;
+    let clipped_v = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * advantage;
+    let active = unclipped <= clipped_v;
+    let kl: f64 = p
+        .iter()
+        .zip(lp.iter().zip(ref_lp))
+        .map(|(pi, (l, r))| pi * (*l - *r) as f64)
+        .sum();
+    let entropy = -p.iter().zip(lp).map(|(pi, l)| pi * *l as f64).sum::<f64>();
+    let logit_grad = p
+        .iter()
+        .enumerate()
+        .map(|(i, pi)| {
+            let surrogate = if active {
+                -advantage * ratio * (f64::from(u8::from(i == action)) - pi)
+            } else {
+                0.0
+            };
+            surrogate + cfg.kl_coef * pi * ((lp[i] - ref_lp[i]) as f64 - kl)
+        })
+        .collect();
+    ClippedTerm {
+        loss: -unclipped.min(clipped_v),
+        kl,
+        clipped: !active,
+        entropy,
+        logit_grad,
+    }
+}
+
 /// One PPO update of `head`'s type distribution on `samples`, anchored at `reference` (see the
 /// module's doc comment for the math). Advantages are group-relative, scaled by the batch.
 pub fn update(
@@ -550,34 +607,13 @@ pub fn update(
         for ((s, zi), (a, rl)) in samples.iter().zip(&z).zip(advantages.iter().zip(&ref_lp)) {
             let mut lp = head.logits_z(zi);
             linear::log_softmax(&mut lp);
-            let p: Vec<f32> = lp.iter().map(|v| v.exp()).collect();
-            let ratio = ((lp[s.action] - s.old_log_prob) as f64).exp();
-            let a = *a as f64;
-            let unclipped = ratio * a;
-            let clipped_v = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * a;
-            loss -= unclipped.min(clipped_v);
-            let active = unclipped <= clipped_v;
-            clipped += usize::from(!active);
-            let kl: f64 = p
-                .iter()
-                .zip(&lp)
-                .zip(rl)
-                .map(|((pk, l), r)| *pk as f64 * (*l - *r) as f64)
-                .sum();
-            kl_sum += kl;
-            ent -= p
-                .iter()
-                .zip(&lp)
-                .map(|(pk, l)| (pk * l) as f64)
-                .sum::<f64>();
+            let term = clipped_term(&lp, s.action, s.old_log_prob, *a as f64, rl, cfg);
+            loss += term.loss;
+            kl_sum += term.kl;
+            clipped += usize::from(term.clipped);
+            ent += term.entropy;
             // ∂/∂z of this sample's loss, averaged over the batch.
-            for c in 0..k {
-                let onehot = f64::from(u8::from(c == s.action));
-                let mut g = 0f64;
-                if active {
-                    g -= a * ratio * (onehot - p[c] as f64);
-                }
-                g += cfg.kl_coef * p[c] as f64 * ((lp[c] - rl[c]) as f64 - kl);
+            for (c, g) in term.logit_grad.iter().enumerate() {
                 let g = (g / n as f64) as f32;
                 gb[c] += g;
                 gw[c * d..(c + 1) * d]

@@ -15,6 +15,7 @@
 //! everywhere; depends on `model`, `collective`, `policy`, `detect`, `traces`, `corpus`,
 //! `runner`, `eval`, `linear`, `inject`, `agents` and `taxonomy`.
 
+pub mod blame;
 pub mod checkpoint;
 pub mod config;
 pub mod environment;

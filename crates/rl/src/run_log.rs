@@ -79,6 +79,37 @@ pub struct StepMetrics {
     /// `update_head`), in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_seconds: Option<std::collections::BTreeMap<String, f64>>,
+    /// The blame head's PPO step (`[blame]`): its batch's mean reward and share of exact
+    /// steps (sampled turns), KL(π ‖ π_warm-start) before the update, entropy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blame_reward: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blame_exact: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blame_kl: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blame_entropy: Option<f64>,
+}
+
+/// The blame head on a set of labelled logs (`eval-blame.jsonl`): greedy choices, shares of
+/// the logs. `split`: `train`, `held-out` (the evaluation split's logs) or `left-out` (the
+/// frameworks left out of training); the warm start's fit also logs its loss (`nll`) on
+/// `train`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlameEval {
+    pub step: u64,
+    /// `sft` (the warm-started head) or `ppo`.
+    pub policy: String,
+    pub split: String,
+    pub logs: usize,
+    /// Absent on the fit's lines, which log the labelled turn's loss and top-1 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<f64>,
+    pub exact: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within_one: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nll: Option<f64>,
 }
 
 /// One held-out evaluation.
@@ -114,13 +145,17 @@ pub const EVAL_FILE: &str = "eval.jsonl";
 /// `eval-left-out-cases.jsonl`).
 pub const LEFT_OUT_FILE: &str = "eval-left-out.jsonl";
 
+/// The blame head's evaluations ([`BlameEval`]).
+pub const BLAME_FILE: &str = "eval-blame.jsonl";
+
 /// The run's line-per-event logs, kept in every checkpoint and cut back on `--resume`.
-pub const RUN_LOGS: [&str; 5] = [
+pub const RUN_LOGS: [&str; 6] = [
     "metrics.jsonl",
     EVAL_FILE,
     "eval-cases.jsonl",
     LEFT_OUT_FILE,
     "eval-left-out-cases.jsonl",
+    BLAME_FILE,
 ];
 
 /// Appends one JSON line and flushes it to disk.

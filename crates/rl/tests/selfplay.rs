@@ -295,7 +295,7 @@ fn head_config(corpus: &Path) -> String {
         .replace(
             "[eval]\ncorpus = \"\"",
             &format!(
-                "[injector]\nfocus = \"coverage\"\n[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\nrecalibrate_every = 2\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
+                "[injector]\nfocus = \"coverage\"\n[ppo]\nbaseline = \"group\"\n[head]\nmax_epochs = 60\npatience = 20\nreplay = 6\nrecalibrate_every = 2\n[blame]\nenabled = true\nepochs = 1\nlogs_per_step = 4\nsamples_per_log = 3\nppo_lr = 0.05\n[eval]\ncorpus = \"{}\"\nsplit = \"val+test\"",
                 corpus.display()
             ),
         )
@@ -306,6 +306,8 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus");
     rl::testing::synthetic_corpus(&corpus).unwrap();
+    // Three-agent runs with a labelled decisive turn: the blame head learns from them.
+    rl::testing::add_blame_logs(&corpus, 24).unwrap();
     let text = head_config(&corpus);
     let run_with = |text: &str, run_dir: &Path, resume: bool, max_steps: Option<u64>| {
         let config = RunConfig::parse(text, Path::new("head.toml")).unwrap();
@@ -374,6 +376,44 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
         "moved {moved}, every update skipped {skipped}, failures reviewed {reviewed}"
     );
 
+    // The blame head warm-started on the train logs, then PPO moved it in each step from
+    // the same reference; its evaluations are logged, on the held-out logs too.
+    assert_eq!(
+        head(&whole, 2, rl::checkpoint::BLAME_REFERENCE_FILE),
+        head(&whole, 0, policy::blame_head::FILE)
+    );
+    // (One epoch leaves the warm start unsure enough that sampled turns differ.)
+    assert_ne!(
+        head(&whole, 2, policy::blame_head::FILE),
+        head(&whole, 0, policy::blame_head::FILE),
+        "{ppo:?}"
+    );
+    assert!(
+        ppo.iter()
+            .all(|l| l["blame_reward"].is_number() && l["blame_kl"].is_number()),
+        "{ppo:?}"
+    );
+    let blame: Vec<serde_json::Value> = std::fs::read_to_string(whole.join("eval-blame.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let held_out: Vec<&serde_json::Value> =
+        blame.iter().filter(|l| l["split"] == "held-out").collect();
+    assert_eq!(
+        held_out.len(),
+        2,
+        "after the warm start and at the end: {blame:?}"
+    );
+    assert_eq!(held_out[0]["logs"], 8);
+    // The rule (the turn that wrote the failed code) is learnt from 16 train logs.
+    assert_eq!(held_out[0]["exact"], 1.0, "{blame:?}");
+    let before = outcome.blame_before.expect("the blame head was evaluated");
+    assert_eq!((before.logs, before.exact), (8, 1.0));
+    assert!(blame
+        .iter()
+        .any(|l| l["split"] == "train" && l["nll"].is_number()));
+
     // The coverage focus planted only templates of types the head has a class for, and counted
     // each episode's template and task; step 2 set the operating point again.
     let state: serde_json::Value =
@@ -410,6 +450,10 @@ fn the_decision_head_warm_starts_trains_with_ppo_and_resumes_exactly() {
     assert_eq!(
         head(&whole, 2, policy::decision::HEAD_FILE),
         head(&split, 2, policy::decision::HEAD_FILE)
+    );
+    assert_eq!(
+        head(&whole, 2, policy::blame_head::FILE),
+        head(&split, 2, policy::blame_head::FILE)
     );
     assert_eq!(deterministic_metrics(&whole), deterministic_metrics(&split));
 

@@ -19,7 +19,9 @@
 //! shell tool an SQL table gives the first two flags only.
 //! Agent names are written with `_` for spaces, as the answer grammar takes one word.
 
+use crate::investigation::{Policy, View};
 use crate::policies::quote;
+use crate::transcript::TurnRecord;
 
 /// The overview call for one trace.
 pub fn overview(trace_id: &str) -> String {
@@ -137,6 +139,77 @@ pub fn parse_turns(observation: &str) -> Vec<Turn> {
             })
         })
         .collect()
+}
+
+/// The blame measurements a policy makes before choosing, `made` of them already made: the
+/// overview (SQL), then the per-turn table (the shell pipeline where the run offers `bash:`,
+/// else the SQL table). `None` once both are made, or when the run offers neither tool.
+pub fn measurement(view: &View<'_>, made: usize) -> Option<String> {
+    let sql = view.system_prompt.contains("\nsql: ");
+    let bash = view.system_prompt.contains("\nbash: ");
+    let mut calls = Vec::new();
+    if sql {
+        calls.push(format!(
+            "Count the log's turns, agents and hand-offs.\n{}",
+            overview(view.trace_id)
+        ));
+    }
+    if bash {
+        calls.push(format!("Measure each turn.\n{}", turn_table_bash()));
+    } else if sql {
+        calls.push(format!(
+            "Measure each turn.\n{}",
+            turn_table_sql(view.trace_id)
+        ));
+    }
+    calls.into_iter().nth(made)
+}
+
+/// The per-turn table an investigation measured: the last observation that reads as one.
+pub fn measured(turns: &[TurnRecord]) -> Vec<Turn> {
+    turns
+        .iter()
+        .rev()
+        .map(|t| parse_turns(&t.observation.text))
+        .find(|t| !t.is_empty())
+        .unwrap_or_default()
+}
+
+/// Only the blame measurements, then no answer: training and evaluation read the per-turn
+/// table out of its transcript ([`measured`]) and choose offline.
+pub struct Measure {
+    made: usize,
+}
+
+impl Measure {
+    pub fn new() -> Measure {
+        Measure { made: 0 }
+    }
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Measure::new()
+    }
+}
+
+impl Policy for Measure {
+    fn name(&self) -> String {
+        "blame-measurements".into()
+    }
+
+    fn act(&mut self, view: &View<'_>) -> Result<String, String> {
+        if !view.chatlog {
+            return Err("the blame measurements read chat logs; this trace is not one".into());
+        }
+        let call = measurement(view, self.made);
+        self.made += 1;
+        Ok(call.unwrap_or_else(|| "answer: none | measured only".into()))
+    }
+
+    fn subagent(&self, _task: &str) -> Result<Box<dyn Policy>, String> {
+        Err("the blame measurements do not delegate".into())
+    }
 }
 
 /// Agents that state the task rather than act on it.

@@ -53,6 +53,23 @@ impl Named {
     }
 }
 
+/// `policy`, with chat logs sent to the checkpoint's learned blamer when it has one.
+fn with_blame(
+    policy: Box<dyn detect::Policy>,
+    blame: &Option<policy::blame_head::BlameHead>,
+) -> Box<dyn detect::Policy> {
+    match blame {
+        Some(head) => {
+            let name = policy.name();
+            Box::new(policy::blame_head::WithBlame::new(
+                policy::blame_head::LearnedBlame::new(head.clone(), name),
+                policy,
+            ))
+        }
+        None => policy,
+    }
+}
+
 /// Blames each imported chat log with `shared` (and `adapter`, if any) through
 /// [`policy::blame::ModelBlame`].
 pub fn model_blame(
@@ -334,19 +351,32 @@ impl Trained {
     /// The whole-choice Detector as one policy and the episode configuration it runs under,
     /// for `pathfinder detect run --policy checkpoint:DIR`.
     pub fn head_policy(self) -> Result<(Box<dyn detect::Policy>, detect::Config)> {
+        let blame = self.blame_head()?;
         let (head, reader, shared) = self.head_parts(true)?;
         Ok((
-            rl::head::evaluation_policy(&shared, &head, &reader),
+            with_blame(rl::head::evaluation_policy(&shared, &head, &reader), &blame),
             rl::evaluate::learned_config(detect::probes::battery_turns()),
         ))
+    }
+
+    /// The checkpoint's learned blamer (`[blame]`), if its run trained one.
+    pub fn blame_head(&self) -> Result<Option<policy::blame_head::BlameHead>> {
+        let path = self.dir.join(self.adapter).join(policy::blame_head::FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Ok(Some(policy::blame_head::BlameHead::load(&path)?))
     }
 
     /// A fresh whole-choice Detector policy per call, sharing one model, and the episode
     /// configuration they run under: for a receiver that diagnoses trace after trace.
     pub fn head_policies(self) -> Result<(HeadPolicies, detect::Config)> {
+        let blame = self.blame_head()?;
         let (head, reader, shared) = self.head_parts(true)?;
         Ok((
-            Box::new(move || rl::head::evaluation_policy(&shared, &head, &reader)),
+            Box::new(move || {
+                with_blame(rl::head::evaluation_policy(&shared, &head, &reader), &blame)
+            }),
             rl::evaluate::learned_config(detect::probes::battery_turns()),
         ))
     }
@@ -393,6 +423,20 @@ impl Trained {
         on_done: impl FnMut(&::eval::metrics::BlameCase),
     ) -> Result<Vec<::eval::metrics::BlameCase>> {
         let name = format!("checkpoint:{}", self.dir.display());
+        if let Some(head) = self.blame_head()? {
+            return Ok(::eval::chatlog::evaluate_with(
+                imported,
+                detect::Config::default(),
+                |_| {
+                    Ok(Box::new(policy::blame_head::LearnedBlame::new(
+                        head.clone(),
+                        name.clone(),
+                    )) as Box<dyn detect::Policy>)
+                },
+                |_, _| {},
+                on_done,
+            )?);
+        }
         let adapter = self.adapter.to_string();
         let shared: SharedModel = Arc::new(Mutex::new(self.model));
         Ok(model_blame(

@@ -115,6 +115,36 @@ pub fn run(args: TrainArgs) -> Result<()> {
             );
         }
     }
+    let show_blame = |label: &str, which: &str, acc: &Option<rl::blame::BlameAccuracy>| {
+        if let Some(a) = acc {
+            println!(
+                "blame {label}, {which}: agent {:.1}%, step exact {:.1}%, within one {:.1}%, on {} logs",
+                100.0 * a.agent,
+                100.0 * a.exact,
+                100.0 * a.within_one,
+                a.logs
+            );
+        }
+    };
+    show_blame(
+        "after its warm start",
+        "held-out logs",
+        &outcome.blame_before,
+    );
+    show_blame(
+        "after its warm start",
+        "logs of the frameworks left out",
+        &outcome.blame_left_out_before,
+    );
+    if !args.sft {
+        let after = format!("after step {}", outcome.last_step);
+        show_blame(&after, "held-out logs", &outcome.blame_after);
+        show_blame(
+            &after,
+            "logs of the frameworks left out",
+            &outcome.blame_left_out_after,
+        );
+    }
     println!("run: {}", run_dir.display());
     Ok(())
 }

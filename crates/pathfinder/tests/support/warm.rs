@@ -28,8 +28,27 @@ pub fn warm_started_with(
     head: &str,
     train_args: &[&str],
 ) -> (PathBuf, PathBuf, PathBuf) {
+    warm_started_blaming(dir, head, train_args, 0)
+}
+
+/// [`warm_started_with`] on a corpus with `blame_logs` labelled three-agent runs added
+/// (`rl::testing::add_blame_logs`) and, when there are any, the blame head trained.
+pub fn warm_started_blaming(
+    dir: &Path,
+    head: &str,
+    train_args: &[&str],
+    blame_logs: usize,
+) -> (PathBuf, PathBuf, PathBuf) {
     let corpus = dir.join("corpus");
     rl::testing::synthetic_corpus(&corpus).unwrap();
+    if blame_logs > 0 {
+        rl::testing::add_blame_logs(&corpus, blame_logs).unwrap();
+    }
+    let blame = if blame_logs > 0 {
+        "[blame]\nenabled = true\nepochs = 100"
+    } else {
+        ""
+    };
     let db = corpus.join("store.sqlite");
     let store = traces::Store::open(&db).unwrap();
     store
@@ -63,6 +82,7 @@ decision = "head"
 max_epochs = 40
 patience = 10
 {head}
+{blame}
 [eval]
 corpus = "{}"
 split = "val+test"

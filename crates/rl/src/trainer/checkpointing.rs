@@ -38,11 +38,16 @@ impl Trainer {
             .heads
             .as_ref()
             .map(|(h, r)| (self.adapter(Role::Detector), h, r));
+        let blame = self
+            .blamer
+            .as_ref()
+            .map(|b| (self.adapter(Role::Detector), &b.head, &b.reference));
         let dir = checkpoint::save(
             &self.options.run_dir,
             &pm.model,
             &adapters,
             heads,
+            blame,
             &self.state,
             &self.config_text,
         )?;
@@ -85,6 +90,11 @@ impl Trainer {
         }
         if let Some((h1, h2)) = &self.heads {
             for head in [h1, h2] {
+                eat(&serde_json::to_vec(head).map_err(|e| RlError::Sample(e.to_string()))?);
+            }
+        }
+        if let Some(b) = &self.blamer {
+            for head in [&b.head, &b.reference] {
                 eat(&serde_json::to_vec(head).map_err(|e| RlError::Sample(e.to_string()))?);
             }
         }

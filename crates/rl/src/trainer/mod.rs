@@ -40,6 +40,7 @@ use crate::reward::{self, Answered};
 use crate::run_log::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::{Result, RlError};
 
+mod blame;
 mod checkpointing;
 mod episodes;
 mod held_out;
@@ -77,6 +78,12 @@ pub struct TrainOutcome {
     /// The same on the frameworks left out of training (`[eval] leave_out`).
     pub left_out_before: Option<Accuracy>,
     pub left_out_after: Option<Accuracy>,
+    /// The blame head (`[blame]`) on the held-out logs after its warm start and at the end,
+    /// and on the logs of the frameworks left out.
+    pub blame_before: Option<crate::blame::BlameAccuracy>,
+    pub blame_after: Option<crate::blame::BlameAccuracy>,
+    pub blame_left_out_before: Option<crate::blame::BlameAccuracy>,
+    pub blame_left_out_after: Option<crate::blame::BlameAccuracy>,
 }
 
 /// One step's injection and what became of it. Each rank fills its own share of a step's
@@ -193,6 +200,10 @@ pub enum Draw {
     ReplaySample = 8,
     /// The initial LoRA weights of adapter `i` (step 0).
     AdapterInit = 9,
+    /// Which train log the `j`-th blame slot of a PPO step holds.
+    BlameLog = 10,
+    /// The `k`-th sampled turn of blame slot `j` (index `j · samples + k`).
+    BlameTurn = 11,
 }
 
 /// A stable 64-bit mix of the run seed, a position and what it is drawn for (SplitMix64
@@ -242,6 +253,8 @@ pub struct Trainer {
     /// The warm-started head's cross-validated errors per type (`[injector] focus =
     /// "confusion"`), which the Injector's episodes are drawn by.
     focus: Option<BTreeMap<String, (usize, usize)>>,
+    /// The learned blamer (`[blame]`), once fitted or resumed.
+    blamer: Option<blame::Blamer>,
 }
 
 impl Trainer {
@@ -335,6 +348,7 @@ impl Trainer {
             }
         }
         let mut heads = None;
+        let mut blamer = None;
         let mut state = TrainerState {
             seed: config.run.seed,
             rng_scheme: RNG_SCHEME.into(),
@@ -349,6 +363,13 @@ impl Trainer {
                     let detector = adapter_names(config.run.topology)[0];
                     heads = head::load(dir, detector)?;
                 }
+                blamer = checkpoint::load_blame(dir, adapter_names(config.run.topology)[0])?.map(
+                    |(head, reference)| blame::Blamer {
+                        head,
+                        reference,
+                        logs: None,
+                    },
+                );
                 state = checkpoint::read_state(dir)?;
                 if options.ranks.is_leader() {
                     for file in run_log::RUN_LOGS {
@@ -392,6 +413,7 @@ impl Trainer {
             replay: Vec::new(),
             out_of_fold: None,
             focus: None,
+            blamer,
         })
     }
 
@@ -526,6 +548,11 @@ impl Trainer {
             if let Some(traces) = &left_out {
                 outcome.left_out_before = Some(self.evaluate_left_out(traces, "sft")?);
             }
+            if self.config.blame.enabled {
+                self.warm_start_blame()?;
+                (outcome.blame_before, outcome.blame_left_out_before) =
+                    self.evaluate_blame("sft")?;
+            }
             self.save()?;
         } else if let Some(split) = &held_out {
             outcome.before = read_eval(&self.options.run_dir.join(run_log::EVAL_FILE), 0)?;
@@ -544,6 +571,7 @@ impl Trainer {
         if self.options.sft_only {
             return Ok(outcome);
         }
+        self.reread_blame_logs()?;
         if self.config.detector.decision == DecisionMode::Head {
             if self.heads.is_none() {
                 return Err(RlError::Environment(
@@ -596,7 +624,8 @@ impl Trainer {
         let bar = self.bar(last, "train {bar:30} {pos}/{len} {msg} [{elapsed_precise}]");
         bar.set_position(self.state.step);
         for step in first..=stop {
-            let m = self.step(&mut env, step)?;
+            let mut m = self.step(&mut env, step)?;
+            self.blame_step(step, &mut m);
             self.state.step = step;
             self.log_metrics("metrics.jsonl", std::slice::from_ref(&m))?;
             bar.set_position(step);
@@ -614,6 +643,7 @@ impl Trainer {
                 if let Some(traces) = &left_out {
                     self.evaluate_left_out(traces, "ppo")?;
                 }
+                self.evaluate_blame("ppo")?;
             }
             if step % self.config.run.checkpoint_every == 0 || step == last {
                 self.save()?;
@@ -632,6 +662,7 @@ impl Trainer {
                 if let Some(traces) = &left_out {
                     outcome.left_out_after = Some(self.evaluate_left_out(traces, "ppo")?);
                 }
+                (outcome.blame_after, outcome.blame_left_out_after) = self.evaluate_blame("ppo")?;
                 // The final checkpoint carries the final evaluation line too.
                 self.save()?;
             }
@@ -795,7 +826,7 @@ fn template_key(agent: &str, option: &policy::InjectionOption) -> String {
 }
 
 /// A uniform number in [0, 1) from a mixed 64-bit value.
-fn unit(x: u64) -> f64 {
+pub fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
