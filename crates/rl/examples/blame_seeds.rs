@@ -3,7 +3,8 @@
 //! with a configuration's `[blame]` settings, then `[run] steps` PPO steps of the blame head for
 //! each seed, drawn exactly as the trainer draws them (`rl::blame::step` with the trainer's
 //! `mix` streams). Prints the expert's rules, the warm start and each seed's head on the train,
-//! held-out (`[eval] split`) and left-out logs.
+//! held-out (`[eval] split`) and left-out logs, and on the labelled chat logs under the folder
+//! `BLAME_LOGS` names, if any.
 //!
 //! `cargo run --release -p rl --example blame_seeds -- CONFIG [FRAMEWORK,...] [SEED,...]`
 
@@ -62,10 +63,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         blame::read_logs(corpus, left)?
     };
+    // Labelled chat logs from elsewhere (Who&When's format), when `BLAME_LOGS` names a folder.
+    let external = match std::env::var_os("BLAME_LOGS") {
+        Some(dir) => blame::read_chatlogs(Path::new(&dir))?,
+        None => Vec::new(),
+    };
     let sets = [
         ("train", &train),
         ("held-out", &held_out),
         ("left-out", &left_out),
+        ("external", &external),
     ];
     let show = |who: &str, head: Option<&policy::blame_head::BlameHead>| {
         let mut line = format!("{who:<24}");

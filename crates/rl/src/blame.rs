@@ -97,7 +97,13 @@ pub fn read_logs(
     if exported.written == 0 {
         return Ok(Vec::new());
     }
-    let imported = eval::chatlog::import(scratch.path())
+    read_chatlogs(scratch.path())
+}
+
+/// Reads the labelled chat logs (Who&When's format) under `dir`, measured as the Detector
+/// measures them.
+pub fn read_chatlogs(dir: &Path) -> Result<Vec<BlameLog>> {
+    let imported = eval::chatlog::import(dir)
         .map_err(|e| RlError::Environment(format!("importing blame logs: {e}")))?;
     let detector = detect::Detector::new(imported.db.clone(), detect::Config::default(), false)
         .map_err(|e| RlError::Environment(format!("starting the blame measurements: {e}")))?;
