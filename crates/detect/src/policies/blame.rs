@@ -360,4 +360,38 @@ mod tests {
         );
         assert!(parse_turns("no table").is_empty());
     }
+
+    #[test]
+    fn the_measurements_follow_the_tools_offered_and_the_measuring_policy_answers_nothing() {
+        let view = |prompt: &'static str, chatlog: bool| View {
+            role: crate::env::Actor::Main,
+            trace_id: "t1",
+            task: None,
+            chatlog,
+            system_prompt: prompt,
+            turns: &[],
+            turns_left: 5,
+            tokens_left: 10_000,
+            reference: None,
+        };
+        let both = view("tools:\nsql: SELECT\nbash: PIPELINE", true);
+        assert!(measurement(&both, 0)
+            .unwrap()
+            .contains("COUNT(DISTINCT agent_name)"));
+        assert!(measurement(&both, 1).unwrap().contains("bash: jq"));
+        assert!(measurement(&both, 2).is_none());
+        // Without the shell the table is SQL's; without SQL there is no overview.
+        let sql = view("tools:\nsql: SELECT", true);
+        assert!(measurement(&sql, 1).unwrap().contains("AS made_up"));
+        let bash = view("tools:\nbash: PIPELINE", true);
+        assert!(measurement(&bash, 0).unwrap().contains("bash: jq"));
+        assert!(measurement(&bash, 1).is_none());
+        let mut m = Measure::new();
+        assert!(m.act(&both).unwrap().contains("sql: "));
+        assert!(m.act(&both).unwrap().contains("bash: "));
+        assert!(m.act(&both).unwrap().starts_with("answer: none"));
+        assert!(Measure::new().act(&view("x", false)).is_err());
+        // The table is read back from the last observation that holds one.
+        assert!(measured(&[]).is_empty());
+    }
 }
