@@ -276,11 +276,35 @@ fn a_framed_checkpoint_trains_without_a_framework_and_reads_it_through_a_calibra
         format!("{stdout}{stderr}").contains("calibration `my-store`"),
         "{stdout}{stderr}"
     );
-    // Healthy runs and runs of unknown health are not both asked for.
+    // Both: the frame over every run in the store, the threshold on the healthy runs read
+    // through it.
+    let both = dir.path().join("both.json");
+    let (stdout, _) = ok(
+        pathfinder()
+            .args(["calibrate", "--db"])
+            .arg(&db)
+            .args(["--unlabelled", "all", "--healthy", &healthy, "--checkpoint"])
+            .arg(&checkpoint)
+            .arg("--out")
+            .arg(&both)
+            .output()
+            .unwrap(),
+        "calibrate --unlabelled --healthy",
+    );
+    assert!(
+        stdout.contains("threshold on the 5 healthy runs"),
+        "{stdout}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&both).unwrap()).unwrap();
+    assert!(saved.get("runs").is_none(), "healthy runs: {saved}");
+    assert_eq!(saved["frame"]["traces"].as_i64().unwrap(), stored);
+    assert_eq!(saved["healthy_scores"].as_array().unwrap().len(), 5);
+    // A rate to hold needs healthy runs.
     let out = pathfinder()
         .args(["calibrate", "--db"])
         .arg(&db)
-        .args(["--unlabelled", "all", "--healthy", &healthy, "--checkpoint"])
+        .args(["--unlabelled", "all", "--alpha", "0.1", "--checkpoint"])
         .arg(&checkpoint)
         .output()
         .unwrap();

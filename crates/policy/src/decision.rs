@@ -398,6 +398,36 @@ impl DecisionHead {
         } else {
             None
         };
+        self.calibration_through(name, frame, healthy, alpha, recentre_first)
+    }
+
+    /// [`DecisionHead::calibration_on`] with the frame taken over a user's `runs` of unknown
+    /// health (a store of them: many more than the runs known to be healthy, most of them
+    /// healthy) and the recentring and threshold set on the `healthy` runs read through that
+    /// frame. Only a framed head reads traces through a frame.
+    pub fn calibration_framed_by(
+        &self,
+        name: &str,
+        runs: &[&[f32]],
+        healthy: &[&[f32]],
+        alpha: f64,
+        recentre_first: bool,
+    ) -> Result<Calibration> {
+        self.check_framed()?;
+        let frame = Frame::median_of(&format!("{} runs of {name}", runs.len()), runs)?;
+        self.calibration_through(name, Some(frame), healthy, alpha, recentre_first)
+    }
+
+    /// The recentring and threshold on `healthy` read through `frame` (none: as the head reads
+    /// them now).
+    fn calibration_through(
+        &self,
+        name: &str,
+        frame: Option<Frame>,
+        healthy: &[&[f32]],
+        alpha: f64,
+        recentre_first: bool,
+    ) -> Result<Calibration> {
         // The runs as the head reads them: under the frame, which the shift then moves (a
         // framed head's `healthy_mean` is of framed inputs too).
         let framed: Vec<Vec<f32>> = healthy
@@ -953,6 +983,17 @@ mod tests {
         let rows: Vec<&[f32]> = runs.iter().map(|r| &r[..]).collect();
         let c = head.calibration_on("mine", &rows, 0.5, false).unwrap();
         assert_eq!(c.frame.as_ref().unwrap().centre, vec![6.0]);
+        // With runs of unknown health beside them, the frame is theirs and the threshold is
+        // set on the healthy runs read through it.
+        let store = [[1.0f32], [2.0], [3.0], [4.0], [5.0]];
+        let store: Vec<&[f32]> = store.iter().map(|r| &r[..]).collect();
+        let both = head
+            .calibration_framed_by("mine", &store, &rows, 0.5, false)
+            .unwrap();
+        assert_eq!(both.frame.as_ref().unwrap().centre, vec![3.0]);
+        assert_eq!(both.frame.as_ref().unwrap().traces, 5);
+        assert_eq!(both.healthy_scores.len(), 3);
+        assert_eq!(both.runs, crate::calibration::Runs::Healthy);
         let dir = tempfile::tempdir().unwrap();
         let c = Calibration::load(&c.save(dir.path()).unwrap()).unwrap();
         assert!(c.describe().contains("typical input"), "{}", c.describe());
@@ -962,6 +1003,9 @@ mod tests {
         // A head fitted on raw inputs has no frame to read through.
         head.frames.clear();
         assert!(head.frame_for(Some("a")).is_none());
+        assert!(head
+            .calibration_framed_by("mine", &store, &rows, 0.5, false)
+            .is_err());
     }
 
     #[test]

@@ -22,14 +22,15 @@ pub struct CalibrateArgs {
     pub healthy: Option<String>,
     /// Runs of your framework whose health you do not know (`all`: every trace in the store),
     /// most of them healthy: a framed checkpoint then reads traces relative to their median.
-    /// No threshold is set and false positives are not bounded; healthy runs do both.
-    #[arg(long, value_name = "IDS|FILE|all", conflicts_with_all = ["healthy", "no_recentre", "alpha"])]
+    /// Alone it sets no threshold and false positives are not bounded; with --healthy the
+    /// healthy runs, read through that frame, set the threshold.
+    #[arg(long, value_name = "IDS|FILE|all")]
     pub unlabelled: Option<String>,
     /// A training checkpoint with a decision head (checkpoints/RUN/step-N).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: PathBuf,
-    /// The false-positive rate to hold on runs like the healthy ones.
-    #[arg(long, default_value_t = 0.05)]
+    /// The false-positive rate to hold on runs like the healthy ones (with --healthy).
+    #[arg(long, default_value_t = 0.05, requires = "healthy")]
     pub alpha: f64,
     /// What the healthy runs are (your framework or deployment), shown wherever the
     /// calibration is used [default: the store's file name].
@@ -37,7 +38,7 @@ pub struct CalibrateArgs {
     pub name: Option<String>,
     /// Set only the threshold: do not move the head's input so that the healthy runs' mean
     /// sits where the training split's healthy traces did (`policy::calibration::recentre_shift`).
-    #[arg(long)]
+    #[arg(long, requires = "healthy")]
     pub no_recentre: bool,
     /// Write the calibration here instead of DIR/calibration.json.
     #[arg(long, value_name = "FILE")]
@@ -45,15 +46,20 @@ pub struct CalibrateArgs {
 }
 
 pub fn run(args: CalibrateArgs) -> Result<()> {
-    let (ids, unlabelled) = match (&args.healthy, &args.unlabelled) {
-        (_, Some(runs)) if runs == "all" => (all_ids(&args.db)?, true),
-        (_, Some(runs)) => (run_ids(runs, "--unlabelled")?, true),
-        (Some(healthy), None) => (run_ids(healthy, "--healthy")?, false),
-        (None, None) => {
-            bail!("give the runs to calibrate on: --healthy IDS|FILE or --unlabelled IDS|FILE|all")
-        }
+    let healthy = match &args.healthy {
+        Some(h) => run_ids(h, "--healthy")?,
+        None => Vec::new(),
     };
-    check_ids(&args.db, &ids)?;
+    let unlabelled = match args.unlabelled.as_deref() {
+        Some("all") => all_ids(&args.db)?,
+        Some(runs) => run_ids(runs, "--unlabelled")?,
+        None => Vec::new(),
+    };
+    if healthy.is_empty() && unlabelled.is_empty() {
+        bail!("give the runs to calibrate on: --healthy IDS|FILE and/or --unlabelled IDS|FILE|all");
+    }
+    check_ids(&args.db, &healthy)?;
+    check_ids(&args.db, &unlabelled)?;
     let name = args.name.clone().unwrap_or_else(|| {
         args.db
             .file_stem()
@@ -65,23 +71,25 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         .calibrated(&eval_models::CalibrationChoice::Off)?;
     // Runs of unknown health only set a frame: refuse a head without frames before the model
     // reads every run.
-    if unlabelled {
+    if !unlabelled.is_empty() {
         if let Some((head, _)) = rl::head::load(&trained.dir, trained.adapter)? {
             head.check_framed()
                 .with_context(|| format!("{}", args.checkpoint.display()))?;
         }
     }
+    // Both sets in one reading: the runs of unknown health, then the healthy ones.
+    let ids: Vec<String> = unlabelled.iter().chain(&healthy).cloned().collect();
     let bar = ProgressBar::new(ids.len() as u64);
     bar.set_style(
-        ProgressStyle::with_template("scoring {bar:30} {pos}/{len} healthy runs")
-            .expect("valid template"),
+        ProgressStyle::with_template("scoring {bar:30} {pos}/{len} runs").expect("valid template"),
     );
-    let (head, inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
+    let (head, mut inputs) = trained.head_inputs(&args.db, &ids, |i| bar.set_position(i as u64))?;
     bar.finish_and_clear();
-    if unlabelled {
-        let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let inputs_healthy = inputs.split_off(unlabelled.len());
+    let unlabelled_rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    if healthy.is_empty() {
         let calibration = head
-            .frame_on(&name, &rows)
+            .frame_on(&name, &unlabelled_rows)
             .with_context(|| format!("{}", args.checkpoint.display()))?;
         let written = save(&calibration, &args)?;
         let flagged = calibration
@@ -92,11 +100,12 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         println!("{}", calibration.describe());
         println!(
             "{flagged} of {} runs score above 0.5 through their own frame (none of them is known to be healthy or deficient)",
-            inputs.len()
+            unlabelled_rows.len()
         );
         println!("wrote {}", written.display());
         return Ok(());
     }
+    let inputs = inputs_healthy;
     // Before calibration: as `detect` reads them without one (a framed head through its best
     // guess of a frame).
     let uncalibrated_frame = head.frame_for(None);
@@ -118,7 +127,12 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         );
     }
     let rows: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-    let calibration = head.calibration_on(&name, &rows, args.alpha, recentre)?;
+    let calibration = if unlabelled_rows.is_empty() {
+        head.calibration_on(&name, &rows, args.alpha, recentre)?
+    } else {
+        head.calibration_framed_by(&name, &unlabelled_rows, &rows, args.alpha, recentre)
+            .with_context(|| format!("{}", args.checkpoint.display()))?
+    };
     let written = save(&calibration, &args)?;
     println!("{}", calibration.describe());
     println!(
@@ -130,6 +144,18 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         flagged_before,
         inputs.len()
     );
+    if let Some(frame) = calibration
+        .frame
+        .as_ref()
+        .filter(|_| !unlabelled_rows.is_empty())
+    {
+        println!(
+            "frame: the median of {} ({} traces), the threshold on the {} healthy runs read through it",
+            frame.name,
+            frame.traces,
+            rows.len()
+        );
+    }
     println!("wrote {}", written.display());
     Ok(())
 }
