@@ -10,8 +10,10 @@
 //! corpus is configured) and a held-out evaluation; after the last, another evaluation.
 //!
 //! [`Trainer::run`] and [`Trainer::step`] here are the whole loop, top to bottom; each phase
-//! is a file beside this one: `warm_start`, `episodes` (1–3), `update` (4–5), `held_out` and
-//! `checkpointing`.
+//! is a file beside this one: `warm_start`, `episodes` (1–3), `update` (4–5), `blame` (the
+//! learned blamer's warm start and PPO step), `held_out` and `checkpointing`; and what the
+//! phases stand on: `build` (a fresh or resumed trainer), `ranks` (data-parallel coordination)
+//! and `draws` (every random number, one named stream per purpose).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,11 +43,17 @@ use crate::run_log::{self, EvalCase, EvalMetrics, StepMetrics};
 use crate::{Result, RlError};
 
 mod blame;
+mod build;
 mod checkpointing;
+mod draws;
 mod episodes;
 mod held_out;
+mod ranks;
 mod update;
 mod warm_start;
+
+pub use draws::{mix, unit, Draw};
+use ranks::collective_err;
 
 /// How a `pathfinder train` invocation runs.
 #[derive(Debug, Clone)]
@@ -177,47 +185,6 @@ struct HeadUpdate {
     none_shift: Option<f32>,
 }
 
-/// What a random number is drawn for. Each is its own stream of [`mix`], so two draws share a
-/// number only when they are the same draw (step, index and purpose alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Draw {
-    /// The Injector's choice among the offered templates for episode `i`.
-    InjectorChoice = 1,
-    /// The task a new episode `i` runs on.
-    Task = 2,
-    /// The `k`-th sampled investigation of live trace `i` (index `i · samples + k`): the token
-    /// policy's decoding options, or the decision head's draw — a run uses one of the two.
-    Investigation = 3,
-    /// The higher-order review of failure `k`.
-    Review = 4,
-    /// The free-form diff written for episode `i`.
-    FreeDiff = 5,
-    /// Which train trace the `j`-th replay slot of a PPO step holds.
-    ReplayPick = 6,
-    /// The focus schedule's draw of episode `i`'s template.
-    Focus = 7,
-    /// The `k`-th sampled decision on replay slot `j` (index `j · samples + k`).
-    ReplaySample = 8,
-    /// The initial LoRA weights of adapter `i` (step 0).
-    AdapterInit = 9,
-    /// Which train log the `j`-th blame slot of a PPO step holds.
-    BlameLog = 10,
-    /// The `k`-th sampled turn of blame slot `j` (index `j · samples + k`).
-    BlameTurn = 11,
-}
-
-/// A stable 64-bit mix of the run seed, a position and what it is drawn for (SplitMix64
-/// finaliser), the only source of randomness in a run.
-pub fn mix(seed: u64, step: u64, index: u64, draw: Draw) -> u64 {
-    let mut z = seed
-        ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ index.wrapping_mul(0xBF58_476D_1CE4_E5B9)
-        ^ (draw as u64).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The warm start measures its KL to the base on every this-many-th update and the last: each
 /// measurement is a forward pass of the batch with the adapter off, about a quarter of an
 /// update's cost.
@@ -258,165 +225,6 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Loads the model and prepares fresh adapters (or the run's newest checkpoint with
-    /// `resume`).
-    pub fn new(config_text: &str, config_path: &Path, options: TrainOptions) -> Result<Trainer> {
-        let config = RunConfig::parse(config_text, config_path)?;
-        let dtype = match config.model.dtype.as_str() {
-            "bf16" => DType::BF16,
-            _ => DType::F32,
-        };
-        // A rank takes its node's GPU by its local rank (GPU 0 for one process).
-        let device = Device::cuda_if_available(collective::local_rank())?;
-        let pm = PolicyModel::load(&config.model_path()?, dtype, &device)?;
-        Trainer::with_model(config, config_text, options, pm)
-    }
-
-    /// [`Trainer::new`] with a model already in memory (tests use a tiny random one).
-    pub fn with_model(
-        config: RunConfig,
-        config_text: &str,
-        options: TrainOptions,
-        mut pm: PolicyModel,
-    ) -> Result<Trainer> {
-        let run_config = options.run_dir.join("config.toml");
-        let latest = checkpoint::latest(&options.run_dir)?;
-        if options.resume {
-            let stored =
-                std::fs::read_to_string(&run_config).map_err(|e| RlError::io(&run_config, e))?;
-            let mut a = RunConfig::parse(&stored, &run_config)?;
-            let mut b = config.clone();
-            // A resumed run may be extended; everything else must match.
-            a.run.steps = 0;
-            b.run.steps = 0;
-            if a != b {
-                return Err(RlError::Config {
-                    path: run_config,
-                    reason: "the run was started with another configuration (only run.steps may change on --resume)".into(),
-                });
-            }
-        } else if latest.is_some() {
-            return Err(RlError::Config {
-                path: options.run_dir.clone(),
-                reason: "this run already has checkpoints; pass --resume to continue it or choose another --run".into(),
-            });
-        }
-        // Every rank has read what it checks before rank 0 writes.
-        options.ranks.barrier().map_err(collective_err)?;
-        let leader = options.ranks.is_leader();
-        std::fs::create_dir_all(&options.run_dir).map_err(|e| RlError::io(&options.run_dir, e))?;
-        if leader {
-            std::fs::write(&run_config, config_text).map_err(|e| RlError::io(&run_config, e))?;
-        }
-        if latest.is_none() && leader {
-            // Lines of an attempt that died before its first checkpoint are redone.
-            for file in run_log::RUN_LOGS {
-                let p = options.run_dir.join(file);
-                if p.exists() {
-                    std::fs::remove_file(&p).map_err(|e| RlError::io(&p, e))?;
-                }
-            }
-        }
-
-        let lora = LoraConfig {
-            rank: config.lora.rank,
-            alpha: config.lora.alpha,
-            dropout: config.lora.dropout,
-            target_modules: config
-                .lora
-                .targets
-                .iter()
-                .map(|t| {
-                    Projection::from_peft_name(t).ok_or_else(|| RlError::Config {
-                        path: run_config.clone(),
-                        reason: format!("field `lora.targets`: unknown projection `{t}`"),
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
-            use_rslora: false,
-        };
-        let names = adapter_names(config.run.topology);
-        let mut optimizers = BTreeMap::new();
-        for (i, name) in names.iter().enumerate() {
-            if pm.model.adapter(name).is_none() {
-                pm.model.add_adapter(
-                    name,
-                    lora.clone(),
-                    mix(config.run.seed, 0, i as u64, Draw::AdapterInit),
-                )?;
-                pm.model.add_value_head(name)?;
-            }
-        }
-        let mut heads = None;
-        let mut blamer = None;
-        let mut state = TrainerState {
-            seed: config.run.seed,
-            rng_scheme: RNG_SCHEME.into(),
-            ..TrainerState::default()
-        };
-        if options.resume {
-            if let Some((step, dir)) = &latest {
-                for name in &names {
-                    checkpoint::load_adapter(&mut pm.model, dir, name)?;
-                }
-                if config.detector.decision == DecisionMode::Head {
-                    let detector = adapter_names(config.run.topology)[0];
-                    heads = head::load(dir, detector)?;
-                }
-                blamer = checkpoint::load_blame(dir, adapter_names(config.run.topology)[0])?.map(
-                    |(head, reference)| blame::Blamer {
-                        head,
-                        reference,
-                        logs: None,
-                    },
-                );
-                state = checkpoint::read_state(dir)?;
-                if options.ranks.is_leader() {
-                    for file in run_log::RUN_LOGS {
-                        run_log::truncate_after(&options.run_dir.join(file), *step)?;
-                    }
-                }
-                tracing::info!(step, "resuming from {}", dir.display());
-            }
-        }
-        for name in &names {
-            let mut opt = AdamW::new(
-                pm.model.trainable_vars(name)?,
-                AdamWConfig {
-                    lr: config.ppo.lr,
-                    weight_decay: config.ppo.weight_decay,
-                    ..AdamWConfig::default()
-                },
-            )?;
-            if let (true, Some((_, dir))) = (options.resume, &latest) {
-                checkpoint::load_optimizer(dir, name, &mut opt)?;
-            }
-            optimizers.insert(name.to_string(), opt);
-        }
-        let catalog = taxonomy::Catalog::embedded().map_err(|e| RlError::Model(e.to_string()))?;
-        let grammar = Arc::new(ActionGrammar::new(
-            &pm.tokenizer,
-            &catalog,
-            &policy::grammar::LEARNED_TOOLS,
-        )?);
-        Ok(Trainer {
-            decision_system: Arc::new(policy::decision::system_prompt(&catalog)),
-            config,
-            config_text: config_text.to_owned(),
-            options,
-            shared: Arc::new(Mutex::new(pm)),
-            grammar,
-            optimizers,
-            state,
-            keyword: KeywordPolicy::new().map_err(RlError::Environment)?,
-            heads,
-            replay: Vec::new(),
-            out_of_fold: None,
-            focus: None,
-            blamer,
-        })
-    }
-
     fn adapter(&self, role: Role) -> &'static str {
         match (self.config.run.topology, role) {
             (Topology::Shared, _) => "policy",
@@ -434,87 +242,12 @@ impl Trainer {
         )
     }
 
-    /// Whether this process writes the run's files (rank 0 of a data-parallel job).
-    fn leader(&self) -> bool {
-        self.options.ranks.is_leader()
-    }
-
-    fn ranks(&self) -> &dyn Collective {
-        self.options.ranks.as_ref()
-    }
-
-    /// A scratch file of this rank in the run directory: `name` for rank 0, `name` with the
-    /// rank before its extension for the others (ranks never share a store being written).
-    fn rank_file(&self, name: &str) -> PathBuf {
-        let rank = self.ranks().rank();
-        let dir = &self.options.run_dir;
-        if rank == 0 {
-            return dir.join(name);
-        }
-        match name.rsplit_once('.') {
-            Some((stem, ext)) => dir.join(format!("{stem}.rank{rank}.{ext}")),
-            None => dir.join(format!("{name}.rank{rank}")),
-        }
-    }
-
-    /// Where this rank's live episodes run and their stores are written.
-    fn live_dir(&self) -> PathBuf {
-        let live = self.options.run_dir.join("live");
-        match self.ranks().rank() {
-            0 => live,
-            r => live.join(format!("rank-{r}")),
-        }
-    }
-
     /// Appends metric lines to a run log (rank 0 only).
     fn log_metrics<T: serde::Serialize>(&self, file: &str, lines: &[T]) -> Result<()> {
         if self.leader() {
             run_log::append_all(&self.options.run_dir.join(file), lines)?;
         }
         Ok(())
-    }
-
-    /// Every rank's `items` (one per trace of its [`Trainer::share`] of `split`), in the order
-    /// of `split`'s traces.
-    fn gather_in_order<T>(
-        &self,
-        items: Vec<T>,
-        split: &SplitTraces,
-        trace_id: impl Fn(&T) -> &str,
-    ) -> Result<Vec<T>>
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned,
-    {
-        if self.ranks().world() == 1 {
-            return Ok(items);
-        }
-        let order: BTreeMap<&str, usize> = split
-            .traces
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.trace_id.as_str(), i))
-            .collect();
-        self.gather_sorted(items, |t| {
-            order.get(trace_id(t)).copied().unwrap_or(usize::MAX)
-        })
-    }
-
-    /// Every rank's `items`, on every rank, ordered by `key` (the identity for one process):
-    /// how a rank's share of a list rejoins the whole.
-    fn gather_sorted<T, K: Ord>(&self, items: Vec<T>, key: impl Fn(&T) -> K) -> Result<Vec<T>>
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned,
-    {
-        if self.ranks().world() == 1 {
-            return Ok(items);
-        }
-        let mut all: Vec<T> = collective::gather_json(self.ranks(), &items)
-            .map_err(collective_err)?
-            .into_iter()
-            .flatten()
-            .collect();
-        all.sort_by_key(|t| key(t));
-        Ok(all)
     }
 
     /// Writes `value` as `name` in the run directory: a record of a choice the run made (not a
@@ -825,11 +558,6 @@ fn template_key(agent: &str, option: &policy::InjectionOption) -> String {
     format!("{agent}/{}/{}", option.deficiency, option.variant)
 }
 
-/// A uniform number in [0, 1) from a mixed 64-bit value.
-pub fn unit(x: u64) -> f64 {
-    (x >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// The Injector's PPO sample for an episode, or none when it chose among one option (the
 /// focus made the choice, so it teaches the policy nothing).
 fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
@@ -886,42 +614,4 @@ fn read_eval(path: &Path, step: u64) -> Result<Option<Accuracy>> {
         }
     }
     Ok(None)
-}
-
-fn collective_err(e: collective::CollectiveError) -> RlError {
-    RlError::Environment(e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_draw_is_its_own_stream() {
-        // The same seed, step and index give a different number for every purpose: the
-        // focus draw of episode 3 no longer equals the replay's third sample.
-        let draws = [
-            Draw::InjectorChoice,
-            Draw::Task,
-            Draw::Investigation,
-            Draw::Review,
-            Draw::FreeDiff,
-            Draw::ReplayPick,
-            Draw::Focus,
-            Draw::ReplaySample,
-            Draw::AdapterInit,
-        ];
-        for step in [0, 1, 7] {
-            for index in [0, 3, 40] {
-                let mut seen: Vec<u64> = draws.iter().map(|d| mix(11, step, index, *d)).collect();
-                seen.sort_unstable();
-                seen.dedup();
-                assert_eq!(seen.len(), draws.len(), "step {step}, index {index}");
-            }
-        }
-        assert_ne!(mix(0, 1, 3, Draw::Focus), mix(0, 1, 3, Draw::ReplaySample));
-        // Pinned: a change to the streams must come with a new `checkpoint::RNG_SCHEME`, or a
-        // resumed run would draw other numbers than the run it resumes.
-        assert_eq!(mix(0, 1, 3, Draw::Focus), 0x722f_5cc0_278f_4ee2);
-    }
 }
