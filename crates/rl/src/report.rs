@@ -8,7 +8,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use crate::run_log::{self, EvalMetrics, StepMetrics};
+use crate::run_log::{self, BlameEval, EvalMetrics, StepMetrics};
 use crate::Result;
 
 /// Everything a run logged.
@@ -24,6 +24,9 @@ pub struct RunLog {
     /// empty unless the run left some out).
     pub left_out: Vec<EvalMetrics>,
     pub left_out_cases: Vec<(u64, String, String, bool)>,
+    /// The learned blamer's fit and evaluations (`eval-blame.jsonl`; empty unless the run
+    /// trained one).
+    pub blame: Vec<BlameEval>,
 }
 
 /// The deficient cases of `eval-cases.jsonl` as (step, policy, trace id, detected).
@@ -90,6 +93,11 @@ impl RunLog {
             cases: read_cases(&run.join("eval-cases.jsonl"))?,
             left_out: read_evals(&run.join(run_log::LEFT_OUT_FILE))?,
             left_out_cases: read_cases(&run.join("eval-left-out-cases.jsonl"))?,
+            blame: if run.join(run_log::BLAME_FILE).exists() {
+                run_log::read_jsonl(&run.join(run_log::BLAME_FILE))?
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -186,6 +194,8 @@ pub fn markdown(log: &RunLog) -> String {
         );
     }
 
+    blame_section(&mut s, log);
+
     s.push_str("## Training dynamics (Table 9)\n\n");
     s.push_str(
         "| step | valid injections | unique types | type entropy | detection | localisation \
@@ -223,6 +233,57 @@ pub fn markdown(log: &RunLog) -> String {
         secs / 60.0
     );
     s
+}
+
+/// The learned blamer: its fit's last line, then each evaluation on the train, held-out and
+/// left-out logs (greedy choices), and its PPO steps' reward, exact share and KL.
+fn blame_section(s: &mut String, log: &RunLog) {
+    if log.blame.is_empty() {
+        return;
+    }
+    s.push_str("## Blame: the learned blamer, warm start against PPO\n\n");
+    if let Some(fit) = log.blame.iter().rev().find(|b| b.nll.is_some()) {
+        let _ = writeln!(
+            s,
+            "Warm start ({}): NLL of the labelled turn {} and top-1 {} on {} train logs.\n",
+            fit.policy,
+            opt(fit.nll, 3),
+            pct(fit.exact),
+            fit.logs
+        );
+    }
+    s.push_str("| step | policy | logs | n | agent | step exact | step ±1 |\n");
+    s.push_str("|---:|---|---|---:|---:|---:|---:|\n");
+    for b in log.blame.iter().filter(|b| b.nll.is_none()) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            b.step,
+            b.policy,
+            b.split,
+            b.logs,
+            b.agent.map_or("–".into(), pct),
+            pct(b.exact),
+            b.within_one.map_or("–".into(), pct),
+        );
+    }
+    let steps: Vec<&StepMetrics> = log
+        .ppo_steps()
+        .filter(|m| m.blame_reward.is_some())
+        .collect();
+    if let (Some(first), Some(last)) = (steps.first(), steps.last()) {
+        let _ = writeln!(
+            s,
+            "\nPPO on the blame reward, {} steps: sampled reward {} → {}, exact share {} → {}, KL to the warm start {} at the last.",
+            steps.len(),
+            opt(first.blame_reward, 3),
+            opt(last.blame_reward, 3),
+            first.blame_exact.map_or("–".into(), pct),
+            last.blame_exact.map_or("–".into(), pct),
+            opt(last.blame_kl, 4),
+        );
+    }
+    s.push('\n');
 }
 
 /// A table of `evals` and the paired change from the warm start to the last PPO evaluation.
@@ -364,6 +425,41 @@ mod tests {
             "{section}"
         );
         assert_eq!(md.matches("| 3 |").count(), 2, "{md}");
+        assert!(!md.contains("## Blame"), "{md}");
+        // A run that trained a blamer reports its fit and evaluations.
+        for line in [
+            BlameEval {
+                step: 0,
+                policy: "fit-epoch-300".into(),
+                split: "train".into(),
+                logs: 20,
+                agent: None,
+                exact: 0.6,
+                within_one: None,
+                nll: Some(1.25),
+            },
+            BlameEval {
+                step: 2,
+                policy: "ppo".into(),
+                split: "held-out".into(),
+                logs: 8,
+                agent: Some(0.75),
+                exact: 0.5,
+                within_one: Some(0.875),
+                nll: None,
+            },
+        ] {
+            run_log::append(&run.join(run_log::BLAME_FILE), &line).unwrap();
+        }
+        let with_blame = markdown(&RunLog::read(&run).unwrap());
+        assert!(
+            with_blame.contains("NLL of the labelled turn 1.250 and top-1 60.0% on 20 train logs"),
+            "{with_blame}"
+        );
+        assert!(
+            with_blame.contains("| 2 | ppo | held-out | 8 | 75.0% | 50.0% | 87.5% |"),
+            "{with_blame}"
+        );
         let cmp = comparison_markdown(&[log]);
         assert!(
             cmp.contains("| seed-1 | 25.0% | 50.0% | +25.0 pts | 2 | 12 |"),
