@@ -35,7 +35,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub trace: Option<String>,
     /// keyword (the keyword baseline), expert (the scripted investigator) or checkpoint:DIR
-    /// (a trained Detector with a decision head, checkpoints/RUN/step-N).
+    /// (a trained Detector with a decision head, checkpoints/RUN/step-N; on a multi-agent chat
+    /// log, its learned blamer when the run trained one).
     #[arg(long, default_value = "expert")]
     pub policy: String,
     /// A checkpoint's operating point: a file written by `pathfinder calibrate`, or `none`

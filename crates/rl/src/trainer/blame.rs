@@ -50,8 +50,8 @@ impl Trainer {
         Ok(logs)
     }
 
-    /// Fits the blame head on the train logs and evaluates it (`eval-blame.jsonl`). A corpus
-    /// without multi-agent logs trains no blamer, and says so once.
+    /// Fits the blame head on the train logs and logs the fit's curve (`eval-blame.jsonl`). A
+    /// corpus without multi-agent logs trains no blamer, and says so once.
     pub(super) fn warm_start_blame(&mut self) -> Result<()> {
         let logs = self.blame_logs()?;
         if logs.train.is_empty() {
