@@ -382,17 +382,7 @@ mod tests {
     use super::*;
 
     fn turn(step: i64, agent: &str, tool: bool, failed: u8) -> Turn {
-        Turn {
-            step,
-            agent: agent.into(),
-            tool,
-            failed,
-            made_up: false,
-            novel: 0,
-            relied: 0,
-            carried: 0,
-            repeats: false,
-        }
+        Turn::measured_as(step, agent, tool, failed)
     }
 
     fn log() -> Vec<Turn> {

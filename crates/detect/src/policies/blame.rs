@@ -100,6 +100,24 @@ pub struct Turn {
     pub repeats: bool,
 }
 
+impl Turn {
+    /// A turn with its step, agent, kind and failure, and nothing else measured on it (no
+    /// made-up data, new facts or repeats).
+    pub fn measured_as(step: i64, agent: &str, tool: bool, failed: u8) -> Turn {
+        Turn {
+            step,
+            agent: agent.into(),
+            tool,
+            failed,
+            made_up: false,
+            novel: 0,
+            relied: 0,
+            carried: 0,
+            repeats: false,
+        }
+    }
+}
+
 /// Reads the per-turn table (the header line, then one row per turn; a trailing `(N rows)`
 /// line of the SQL tool is skipped).
 pub fn parse_turns(observation: &str) -> Vec<Turn> {
