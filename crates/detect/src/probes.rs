@@ -15,6 +15,7 @@
 //! names, the last spans, hand-offs between agents, tool-argument validity, timing and code
 //! locations.
 
+use crate::action::{CodeLocation, Verdict};
 use crate::investigation::{Policy, View};
 use crate::policies::quote;
 use crate::sql::SqlTool;
@@ -348,8 +349,9 @@ pub fn battery_lines(results: &[ProbeResult]) -> Vec<Vec<String>> {
     out
 }
 
-/// Decides from a finished battery: returns the `answer:` line (or any final text).
-pub type Decide = Box<dyn FnMut(&[ProbeResult]) -> Result<String, String> + Send>;
+/// Decides from a finished battery: the verdict, which the policy then places at the failing
+/// function ([`located`]) and answers.
+pub type Decide = Box<dyn FnMut(&[ProbeResult]) -> Result<Verdict, String> + Send>;
 
 /// A policy that runs the whole probe library in order, one `sql:` call a turn, then answers
 /// with whatever `decide` makes of the digests. The classifier reference and the learned
@@ -389,7 +391,7 @@ impl Policy for BatteryPolicy {
         }
         match LIBRARY.get(self.results.len()) {
             Some(p) if view.turns_left > 1 => Ok(p.call(view.trace_id)),
-            _ => (self.decide)(&self.results).map(|answer| locate(&answer, &self.results)),
+            _ => (self.decide)(&self.results).map(|v| located(v, &self.results).render()),
         }
     }
 
@@ -411,27 +413,37 @@ pub fn failing_function(results: &[ProbeResult]) -> Option<String> {
     })
 }
 
-/// `answer` with ` @at :FUNCTION` added before its evidence when it names a deficiency, says
-/// nowhere in the code, and a failing span's function is known.
-fn locate(answer: &str, results: &[ProbeResult]) -> String {
-    let Some(at) = answer.rfind("answer:") else {
-        return answer.to_owned();
-    };
-    let (before, line) = answer.split_at(at);
-    let Some((head, evidence)) = line.split_once('|') else {
-        return answer.to_owned();
-    };
-    let first = head["answer:".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap_or("");
-    if first.eq_ignore_ascii_case(taxonomy::NONE) || head.contains("@at") {
-        return answer.to_owned();
+/// `verdict` placed at `function` (`@at :FUNCTION`) when it names a deficiency and says nowhere
+/// in the code: the one place a battery decision gets its location, for the answer the
+/// transcript holds and for the trainer's sampled decisions alike.
+pub fn at_function(verdict: Verdict, function: Option<&str>) -> Verdict {
+    match (verdict, function) {
+        (
+            Verdict::Deficiency {
+                deficiency_id,
+                component,
+                step,
+                location: None,
+                evidence,
+            },
+            Some(function),
+        ) if !deficiency_id.eq_ignore_ascii_case(taxonomy::NONE) => Verdict::Deficiency {
+            deficiency_id,
+            component,
+            step,
+            location: Some(CodeLocation {
+                file: None,
+                function: Some(function.to_owned()),
+            }),
+            evidence,
+        },
+        (verdict, _) => verdict,
     }
-    match failing_function(results) {
-        Some(function) => format!("{before}{} @at :{function} |{evidence}", head.trim_end()),
-        None => answer.to_owned(),
-    }
+}
+
+/// `verdict` placed at the function the battery's failing spans came from, if it knows one.
+pub fn located(verdict: Verdict, results: &[ProbeResult]) -> Verdict {
+    at_function(verdict, failing_function(results).as_deref())
 }
 
 #[cfg(test)]
@@ -445,20 +457,30 @@ mod tests {
             digest: "code read_file tool x1 failed 1\ncode search tool x2".into(),
         }];
         assert_eq!(failing_function(&results).as_deref(), Some("read_file"));
+        let answer = |v: Verdict| v.render();
         assert_eq!(
-            locate("answer: P24 parsing.encoding | digests", &results),
+            answer(located(
+                Verdict::deficiency("P24", "parsing.encoding", "digests"),
+                &results
+            )),
             "answer: P24 parsing.encoding @at :read_file | digests"
         );
         assert_eq!(
-            locate("answer: none | digests", &results),
-            "answer: none | digests"
+            answer(located(
+                Verdict::deficiency("none", "none", "digests"),
+                &results
+            )),
+            "answer: none none | digests"
         );
         let quiet = vec![ProbeResult {
             probe: "code",
             digest: "code search tool x2".into(),
         }];
         assert_eq!(
-            locate("answer: P27 tools.execution | d", &quiet),
+            answer(located(
+                Verdict::deficiency("P27", "tools.execution", "d"),
+                &quiet
+            )),
             "answer: P27 tools.execution | d"
         );
     }

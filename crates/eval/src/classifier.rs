@@ -177,9 +177,13 @@ impl Classifier {
             "classifier",
             Box::new(move |results| {
                 let (t, c, p) = me.decide(results);
-                Ok(format!(
-                    "answer: {t} {c} | linear reader of {} probe digests, p = {p:.2}",
-                    results.len()
+                Ok(detect::Verdict::deficiency(
+                    t,
+                    c,
+                    format!(
+                        "linear reader of {} probe digests, p = {p:.2}",
+                        results.len()
+                    ),
                 ))
             }),
         ))

@@ -605,6 +605,12 @@ impl DecisionHead {
         Verdict::deficiency(t, c, evidence)
     }
 
+    /// The verdict of a choice placed at `failing_function` as the probe battery places its
+    /// answer (`probes::at_function`): what a transcript of this decision holds.
+    pub fn located_verdict(&self, d: &HeadChoice, failing_function: Option<&str>) -> Verdict {
+        probes::at_function(self.verdict(d), failing_function)
+    }
+
     /// The `answer:` line of a choice.
     pub fn answer(&self, d: &HeadChoice) -> String {
         self.verdict(d).render()
@@ -669,13 +675,16 @@ pub fn sample(log_probs: &[f32], temperature: f32, u: f64) -> usize {
     weights.len() - 1
 }
 
-/// What one investigation of the learned decider left: the features it read and its decision,
-/// for the trainer.
+/// What one investigation of the learned decider left: the features it read, its decision and
+/// where the battery placed it, for the trainer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Investigated {
     /// The head's input as it read it: through its frame, when one was set.
     pub features: Vec<f32>,
     pub choice: HeadChoice,
+    /// The function the battery's failing spans came from (`probes::failing_function`), where
+    /// a deficiency answer is placed ([`DecisionHead::located_verdict`]).
+    pub failing_function: Option<String>,
 }
 
 /// The learned Detector as a `detect::Policy`: the probe battery, then the head's decision on
@@ -709,14 +718,17 @@ pub fn policy(
             }
             let x = head.framed(&x);
             let d = head.decide_framed(&x, temperature, u);
-            let text = head.answer(&d);
+            // The battery places the verdict at the failing function; the trainer places its
+            // sampled decisions there by the same function.
+            let verdict = head.verdict(&d);
             if let Some(sink) = &sink {
                 *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(Investigated {
                     features: x,
                     choice: d,
+                    failing_function: probes::failing_function(battery),
                 });
             }
-            Ok(text)
+            Ok(verdict)
         }),
     ))
 }

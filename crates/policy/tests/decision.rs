@@ -95,11 +95,58 @@ fn a_fitted_head_decides_among_whole_options_and_answers_validly() {
     let d = head.decide(&x[0], 1.0, 0.999_999);
     assert!(d.type_index < 3);
 
+    // One route: on every synthetic trace, the answer the investigation's transcript holds
+    // (text, parsed back) is the verdict the trainer builds from what the policy left it.
+    let store = tempfile::tempdir().unwrap();
+    let db = store.path().join("s.sqlite");
+    let traces = detect::synthetic::build_store(&db, 1).unwrap();
+    let detector = detect::Detector::new(
+        db,
+        detect::Config {
+            main_max_turns: detect::probes::battery_turns(),
+            ..detect::Config::default()
+        },
+        false,
+    )
+    .unwrap();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(pm));
+    let (head, reader) = (std::sync::Arc::new(head), std::sync::Arc::new(reader));
+    let mut placed = 0;
+    for (trace, _) in &traces {
+        let sink = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let policy = decision::policy(
+            std::sync::Arc::clone(&shared),
+            std::sync::Arc::clone(&head),
+            std::sync::Arc::clone(&reader),
+            0.0,
+            0.0,
+            Some(std::sync::Arc::clone(&sink)),
+        );
+        let transcript = detector.investigate(trace, policy).unwrap();
+        let left = sink
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the policy left its decision");
+        let rebuilt = head.located_verdict(&left.choice, left.failing_function.as_deref());
+        assert_eq!(transcript.verdict(), Some(&rebuilt), "{trace}");
+        placed += usize::from(matches!(
+            rebuilt,
+            detect::Verdict::Deficiency {
+                location: Some(_),
+                ..
+            }
+        ));
+    }
+    // Some answers are placed at a failing function (the synthetic traces hold failing tool
+    // spans), and those agree too.
+    assert!(placed > 0, "no answer was placed at a function");
+
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(decision::HEAD_FILE);
     head.save(&path).unwrap();
-    assert_eq!(DecisionHead::load(&path).unwrap(), head);
-    let mut broken = head.clone();
+    assert_eq!(DecisionHead::load(&path).unwrap(), *head);
+    let mut broken = (*head).clone();
     broken.types.pop();
     broken.save(&path).unwrap();
     let err = DecisionHead::load(&path).unwrap_err().to_string();

@@ -438,7 +438,7 @@ impl Trainer {
                 )
             };
             detections.push(Detection {
-                answered: head_detection(h, &d, calls),
+                answered: head_detection(h, &d, investigated.failing_function.as_deref(), calls),
                 conversation: Conversation::new(),
                 transcript: transcript.clone(),
             });

@@ -569,10 +569,17 @@ fn injector_sample(e: &Episode, reward: f64) -> Option<Sample> {
     })
 }
 
-/// What a head decision answers, as the reward sees it.
-fn head_detection(h: &DecisionHead, d: &policy::decision::HeadChoice, calls: usize) -> Answered {
+/// What a head decision answers, as the reward sees it: the verdict placed where the battery
+/// places the investigation's own answer (`DecisionHead::located_verdict`), so a sampled
+/// decision and the transcript's answer are the same verdict for the same choice.
+fn head_detection(
+    h: &DecisionHead,
+    d: &policy::decision::HeadChoice,
+    failing_function: Option<&str>,
+    calls: usize,
+) -> Answered {
     Answered {
-        verdict: Some(h.verdict(d)),
+        verdict: Some(h.located_verdict(d, failing_function)),
         tool_calls: calls,
     }
 }

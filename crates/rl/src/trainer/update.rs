@@ -367,7 +367,10 @@ impl Trainer {
                         Draw::ReplaySample,
                     )),
                 );
-                let r = reward::detector_reward(&head_detection(h, &d, calls), &truth, &sites, w);
+                // A replayed trace keeps its features, not its battery: its samples are placed
+                // nowhere (the reward's localisation reads the component's sites, not `@at`).
+                let r =
+                    reward::detector_reward(&head_detection(h, &d, None, calls), &truth, &sites, w);
                 batch.push(HeadSample {
                     features: x.clone(),
                     action: d.type_index,
