@@ -105,23 +105,20 @@ impl Policy for ModelBlame {
                 self.name
             ));
         }
-        match view.turns.len() {
-            0 => Ok(format!(
-                "Count the log's turns, agents and hand-offs.\n{}",
-                blame::overview(view.trace_id)
-            )),
-            1 => Ok(format!("Measure each turn.\n{}", blame::turn_table_bash())),
-            _ => {
-                let table = &view.turns[1].observation.text;
-                let turns = blame::parse_turns(table);
-                match self.choose(table, &turns).map_err(|e| e.to_string())? {
-                    Some(t) => Ok(format!(
-                        "answer: agent {} step {} | chosen by the model from the per-turn table",
-                        t.agent, t.step
-                    )),
-                    None => Ok("answer: none | the per-turn table could not be read".into()),
-                }
+        let made = view.turns.len();
+        if view.turns_left > 1 {
+            if let Some(call) = blame::measurement(view, made) {
+                return Ok(call);
             }
+        }
+        let table = blame::measured_table(view.turns);
+        let turns = blame::parse_turns(table);
+        match self.choose(table, &turns).map_err(|e| e.to_string())? {
+            Some(t) => Ok(format!(
+                "answer: agent {} step {} | chosen by the model from the per-turn table",
+                t.agent, t.step
+            )),
+            None => Ok("answer: none | the per-turn table could not be read".into()),
         }
     }
 

@@ -53,16 +53,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s if s.is_empty() => vec![0, 1],
         s => s.iter().map(|x| x.parse()).collect::<Result<_, _>>()?,
     };
-    let corpus = Path::new(&config.eval.corpus);
-    let left = |r: &corpus::record::Record| leave_out.contains(&r.manifest.agent);
-    let held = |r: &corpus::record::Record| config.eval.split.split('+').any(|s| s == r.split);
-    let train = blame::read_logs(corpus, |r| r.split == "train" && !left(r))?;
-    let held_out = blame::read_logs(corpus, |r| held(r) && !left(r))?;
-    let left_out = if leave_out.is_empty() {
-        Vec::new()
-    } else {
-        blame::read_logs(corpus, left)?
-    };
+    let blame::SplitLogs {
+        train,
+        held_out,
+        left_out,
+    } = blame::read_split_logs(
+        Path::new(&config.eval.corpus),
+        &config.eval.split,
+        &leave_out,
+    )?;
     // Labelled chat logs from elsewhere (Who&When's format), when `BLAME_LOGS` names a folder.
     let external = match std::env::var_os("BLAME_LOGS") {
         Some(dir) => blame::read_chatlogs(Path::new(&dir))?,

@@ -100,6 +100,32 @@ pub fn read_logs(
     read_chatlogs(scratch.path())
 }
 
+/// A corpus's labelled multi-agent logs as a run divides them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SplitLogs {
+    /// The train split's, frameworks left out excepted.
+    pub train: Vec<BlameLog>,
+    /// The evaluation split's (`split`, e.g. `val+test`), frameworks left out excepted.
+    pub held_out: Vec<BlameLog>,
+    /// Every log of the frameworks left out (`leave_out`), whatever its split.
+    pub left_out: Vec<BlameLog>,
+}
+
+/// [`read_logs`] for the three sets a run learns from and is judged on.
+pub fn read_split_logs(corpus: &Path, split: &str, leave_out: &[String]) -> Result<SplitLogs> {
+    let left = |r: &corpus::record::Record| leave_out.contains(&r.manifest.agent);
+    let held = |r: &corpus::record::Record| split.split('+').any(|s| s == r.split);
+    Ok(SplitLogs {
+        train: read_logs(corpus, |r| r.split == "train" && !left(r))?,
+        held_out: read_logs(corpus, |r| held(r) && !left(r))?,
+        left_out: if leave_out.is_empty() {
+            Vec::new()
+        } else {
+            read_logs(corpus, left)?
+        },
+    })
+}
+
 /// Reads the labelled chat logs (Who&When's format) under `dir`, measured as the Detector
 /// measures them.
 pub fn read_chatlogs(dir: &Path) -> Result<Vec<BlameLog>> {

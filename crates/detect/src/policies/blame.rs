@@ -183,14 +183,20 @@ pub fn measurement(view: &View<'_>, made: usize) -> Option<String> {
     calls.into_iter().nth(made)
 }
 
-/// The per-turn table an investigation measured: the last observation that reads as one.
-pub fn measured(turns: &[TurnRecord]) -> Vec<Turn> {
+/// The per-turn table an investigation measured, as text: the last observation that reads as
+/// one (empty when none does).
+pub fn measured_table(turns: &[TurnRecord]) -> &str {
     turns
         .iter()
         .rev()
-        .map(|t| parse_turns(&t.observation.text))
-        .find(|t| !t.is_empty())
+        .map(|t| t.observation.text.as_str())
+        .find(|t| !parse_turns(t).is_empty())
         .unwrap_or_default()
+}
+
+/// The per-turn table an investigation measured, read ([`measured_table`]).
+pub fn measured(turns: &[TurnRecord]) -> Vec<Turn> {
+    parse_turns(measured_table(turns))
 }
 
 /// Only the blame measurements, then no answer: training and evaluation read the per-turn

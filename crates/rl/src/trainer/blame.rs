@@ -5,7 +5,7 @@
 use policy::blame_head::BlameHead;
 
 use super::*;
-use crate::blame::{self as blamer, BlameAccuracy, BlameLog};
+use crate::blame::{self as blamer, BlameAccuracy, SplitLogs as BlameLogs};
 use crate::run_log::BlameEval;
 
 /// The blame head, its warm-started reference, and the logs it learns from and is judged on.
@@ -15,32 +15,14 @@ pub(super) struct Blamer {
     pub(super) logs: Option<BlameLogs>,
 }
 
-/// The corpus's labelled multi-agent logs, measured.
-pub(super) struct BlameLogs {
-    train: Vec<BlameLog>,
-    /// The evaluation split's logs (`[eval] split`), frameworks left out excepted.
-    held_out: Vec<BlameLog>,
-    /// Every log of the frameworks left out of training (`[eval] leave_out`).
-    left_out: Vec<BlameLog>,
-}
-
 impl Trainer {
     /// Reads and measures the corpus's logs: train, held out and left out.
     fn blame_logs(&self) -> Result<BlameLogs> {
-        let corpus = self.options.root.join(&self.config.eval.corpus);
-        let leave_out = &self.config.eval.leave_out;
-        let split = &self.config.eval.split;
-        let left = |r: &corpus::record::Record| leave_out.contains(&r.manifest.agent);
-        let held = |r: &corpus::record::Record| split.split('+').any(|s| s == r.split);
-        let logs = BlameLogs {
-            train: blamer::read_logs(&corpus, |r| r.split == "train" && !left(r))?,
-            held_out: blamer::read_logs(&corpus, |r| held(r) && !left(r))?,
-            left_out: if leave_out.is_empty() {
-                Vec::new()
-            } else {
-                blamer::read_logs(&corpus, left)?
-            },
-        };
+        let logs = blamer::read_split_logs(
+            &self.options.root.join(&self.config.eval.corpus),
+            &self.config.eval.split,
+            &self.config.eval.leave_out,
+        )?;
         tracing::info!(
             train = logs.train.len(),
             held_out = logs.held_out.len(),
