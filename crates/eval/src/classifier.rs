@@ -83,6 +83,18 @@ impl Classifier {
         val: Option<(&[Labelled], &[Vec<ProbeResult>])>,
         log: impl FnMut(&FitLog),
     ) -> Result<Classifier> {
+        Classifier::fit_on_terms(train, train_batteries, val, None, log)
+    }
+
+    /// [`Classifier::fit`] with a vocabulary drawn from `keep` alone when given (e.g. the
+    /// terms several frameworks print, [`linear::shared_terms`]).
+    pub fn fit_on_terms(
+        train: &[Labelled],
+        train_batteries: &[Vec<ProbeResult>],
+        val: Option<(&[Labelled], &[Vec<ProbeResult>])>,
+        keep: Option<&std::collections::BTreeSet<String>>,
+        log: impl FnMut(&FitLog),
+    ) -> Result<Classifier> {
         if train.is_empty() {
             return Err(Error::Detector(
                 "the classifier needs labelled train traces".into(),
@@ -90,7 +102,13 @@ impl Classifier {
         }
         let docs: Vec<Vec<String>> = train_batteries
             .iter()
-            .map(|b| linear::terms(&probes::battery_lines(b)))
+            .map(|b| {
+                let mut d = linear::terms(&probes::battery_lines(b));
+                if let Some(keep) = keep {
+                    d.retain(|t| keep.contains(t));
+                }
+                d
+            })
             .collect();
         let vocabulary = Vocabulary::fit(&docs, MIN_DF);
         let x: Vec<Vec<f32>> = docs.iter().map(|d| vocabulary.vector(d)).collect();

@@ -14,7 +14,7 @@
 //! Invariants: a fitted model's probabilities sum to one and its `predict` is their argmax;
 //! depends on no other Pathfinder crate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,24 @@ pub fn terms(lines: &[Vec<String>]) -> Vec<String> {
         out.extend(line.windows(2).map(|w| format!("{} {}", w[0], w[1])));
     }
     out
+}
+
+/// The terms printed by the documents of at least `min_groups` distinct groups (`groups[i]`
+/// is document i's group, e.g. the framework that produced it). A term only one framework's
+/// traces print identifies that framework as far as the documents can tell (a tool name, a
+/// span name, a path), and a reader fitted on it learns the framework, not the deficiency; the
+/// terms several frameworks share are the ones a framework never seen can print too.
+pub fn shared_terms(docs: &[Vec<String>], groups: &[&str], min_groups: usize) -> BTreeSet<String> {
+    let mut seen: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (d, g) in docs.iter().zip(groups) {
+        for t in d {
+            seen.entry(t.as_str()).or_default().insert(g);
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, g)| g.len() >= min_groups)
+        .map(|(t, _)| t.to_owned())
+        .collect()
 }
 
 impl Vocabulary {
@@ -476,6 +494,26 @@ pub fn argmax(v: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_terms_keeps_what_enough_groups_print() {
+        let doc = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let docs = vec![
+            doc("error retry a"),
+            doc("error b"),
+            doc("retry c"),
+            doc("c"),
+        ];
+        let groups = ["x", "x", "y", "z"];
+        let two = shared_terms(&docs, &groups, 2);
+        // `b` is printed twice but by one framework: it names x, not a behaviour.
+        assert_eq!(
+            two.into_iter().collect::<Vec<_>>(),
+            ["c", "retry"].map(String::from)
+        );
+        assert!(shared_terms(&docs, &groups, 3).is_empty());
+        assert_eq!(shared_terms(&docs, &groups, 1).len(), 5);
+    }
 
     fn blobs() -> (Vec<Vec<f32>>, Vec<usize>) {
         // Three separable clusters in 2-D with a useless third feature.

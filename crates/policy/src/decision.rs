@@ -13,7 +13,7 @@
 //! categorical distribution over whole options in one pass: it sums to one, greedy is its
 //! argmax, and PPO samples from it with exact log-probabilities.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use detect::probes::{self, ProbeResult};
@@ -103,12 +103,24 @@ pub fn features(
 /// holds, and on the default corpus a linear reader of the hashed terms alone names more
 /// held-out traces than one of the pooled states, and gains more from new traces
 /// (BENCHMARKS.md, "What the live traces are worth to each reader").
-pub fn head_input(mut features: Vec<f32>, battery: &[ProbeResult], terms: usize) -> Vec<f32> {
+///
+/// `keep`: when given, only these terms are hashed (a head fitted with `[head]
+/// term_frameworks`: the terms the train traces of several frameworks print,
+/// [`linear::shared_terms`]); a term outside it never reaches the head.
+pub fn head_input(
+    mut features: Vec<f32>,
+    battery: &[ProbeResult],
+    terms: usize,
+    keep: Option<&BTreeSet<String>>,
+) -> Vec<f32> {
     if terms == 0 {
         return features;
     }
     let mut buckets = vec![0f32; terms];
     for term in linear::terms(&probes::battery_lines(battery)) {
+        if keep.is_some_and(|k| !k.contains(&term)) {
+            continue;
+        }
         // FNV-1a: stable across runs and machines, unlike the standard library's hasher.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in term.as_bytes() {
@@ -290,6 +302,9 @@ pub struct DecisionHead {
     /// Hashed term buckets its input ends with ([`head_input`]; 0: the model's features alone).
     #[serde(default)]
     pub terms: usize,
+    /// The only terms it hashes (`[head] term_frameworks`), when it was fitted with a filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term_filter: Option<BTreeSet<String>>,
     /// The mean input of the healthy traces it was fitted on (empty: it had none, or it was
     /// saved before heads recorded it): where a calibration recentres a framework's healthy
     /// runs ([`crate::calibration::recentre_shift`]).
@@ -322,6 +337,25 @@ pub struct HeadChoice {
 }
 
 impl DecisionHead {
+    /// Its input for a battery whose model features are `features`: the features and the
+    /// battery's terms as this head hashes them ([`head_input`]), checked against its width.
+    pub fn input(
+        &self,
+        features: Vec<f32>,
+        battery: &[ProbeResult],
+    ) -> std::result::Result<Vec<f32>, String> {
+        let x = head_input(features, battery, self.terms, self.term_filter.as_ref());
+        if x.len() != self.type_model.dim {
+            return Err(format!(
+                "the decision head reads {} features, the model and {} term buckets give {}",
+                self.type_model.dim,
+                self.terms,
+                x.len()
+            ));
+        }
+        Ok(x)
+    }
+
     /// Greedy (`temperature` 0: the argmax) or sampled with `u`, a uniform number in [0, 1).
     ///
     /// With a [`Calibration`], a greedy decision also answers `none` when the trace's
@@ -707,15 +741,7 @@ pub fn policy(
             let x = reader
                 .features(&mut pm, battery)
                 .map_err(|e| e.to_string())?;
-            let x = head_input(x, battery, head.terms);
-            if x.len() != head.type_model.dim {
-                return Err(format!(
-                    "the decision head reads {} features, the model and {} term buckets give {}",
-                    head.type_model.dim,
-                    head.terms,
-                    x.len()
-                ));
-            }
+            let x = head.input(x, battery)?;
             let x = head.framed(&x);
             let d = head.decide_framed(&x, temperature, u);
             // The battery places the verdict at the failing function; the trainer places its
@@ -765,21 +791,45 @@ mod tests {
         };
         let lm = vec![0.5f32, -1.0];
         // No buckets: the model's features as they are.
-        assert_eq!(head_input(lm.clone(), &battery("none"), 0), lm);
-        let x = head_input(lm.clone(), &battery("flag recursion 3"), 64);
+        assert_eq!(head_input(lm.clone(), &battery("none"), 0, None), lm);
+        let x = head_input(lm.clone(), &battery("flag recursion 3"), 64, None);
         assert_eq!(x.len(), 2 + 64);
         assert_eq!(&x[..2], &lm[..]);
         let norm: f32 = x[2..].iter().map(|b| b * b).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "{norm}");
         assert!(x[2..].iter().all(|b| *b >= 0.0));
         // The same battery gives the same input; another flag line gives another.
-        assert_eq!(x, head_input(lm.clone(), &battery("flag recursion 3"), 64));
-        assert_ne!(x, head_input(lm.clone(), &battery("flag timeout 1"), 64));
+        assert_eq!(
+            x,
+            head_input(lm.clone(), &battery("flag recursion 3"), 64, None)
+        );
+        assert_ne!(
+            x,
+            head_input(lm.clone(), &battery("flag timeout 1"), 64, None)
+        );
         // Numbers count by their order of magnitude, as the classifier reads them.
         assert_eq!(
-            head_input(lm.clone(), &battery("flag recursion 3"), 64),
-            head_input(lm, &battery("flag recursion 7"), 64)
+            head_input(lm.clone(), &battery("flag recursion 3"), 64, None),
+            head_input(lm.clone(), &battery("flag recursion 7"), 64, None)
         );
+        // With a filter, a term outside it never reaches the input: the two flag lines differ
+        // only in terms the filter leaves out, so they read the same; an empty filter leaves
+        // no term at all.
+        let keep: BTreeSet<String> = ["error", "tool", "step"].map(String::from).into();
+        let kept = head_input(lm.clone(), &battery("flag recursion 3"), 64, Some(&keep));
+        assert_ne!(kept, x);
+        assert_eq!(
+            kept,
+            head_input(lm.clone(), &battery("flag timeout 1"), 64, Some(&keep))
+        );
+        let none = head_input(
+            lm.clone(),
+            &battery("flag recursion 3"),
+            64,
+            Some(&BTreeSet::new()),
+        );
+        assert_eq!(&none[..2], &lm[..]);
+        assert!(none[2..].iter().all(|b| *b == 0.0));
     }
 
     #[test]
@@ -822,6 +872,7 @@ mod tests {
             ],
             component_model: model(3, vec![2.0, 0.5, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -850,6 +901,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -881,6 +933,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -923,6 +976,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: vec![-1.0],
             calibration: None,
             frames: BTreeMap::from([("ours".to_string(), frame.clone())]),
@@ -975,6 +1029,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::from([
@@ -1031,6 +1086,7 @@ mod tests {
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
             terms: 0,
+            term_filter: None,
             healthy_mean: vec![-1.0],
             calibration: None,
             frames: BTreeMap::new(),

@@ -71,6 +71,7 @@ fn a_fitted_head_decides_among_whole_options_and_answers_validly() {
         ],
         component_model: fit(&y, 3),
         terms: 0,
+        term_filter: None,
         healthy_mean: Vec::new(),
         calibration: None,
         frames: Default::default(),

@@ -165,6 +165,12 @@ pub struct HeadConfig {
     /// framework's frame and saves the frames with the head; `pathfinder eval --leave-out`
     /// fits and scores such warm starts.
     pub frame: FrameBy,
+    /// A term of the probe digests reaches the head's hashed buckets only when the train
+    /// traces of at least this many frameworks print it (`rl::head::term_filter`; 0 or 1:
+    /// every term). A word one framework alone prints (its tool names, its span names, its
+    /// paths) tells the fit which framework a trace came from, and a head that learned it
+    /// reads a framework it never saw by its nearest look-alike.
+    pub term_frameworks: usize,
 }
 
 impl HeadConfig {
@@ -190,6 +196,7 @@ impl Default for HeadConfig {
             folds_by: FoldsBy::Trace,
             term_scale: 0.0,
             frame: FrameBy::None,
+            term_frameworks: 0,
         }
     }
 }
@@ -821,6 +828,12 @@ impl RunConfig {
             }
             if self.head.folds < 2 {
                 return bad("head.folds", "cross-validation needs at least 2 folds");
+            }
+            if self.head.term_frameworks >= 2 && self.head.terms == 0 {
+                return bad(
+                    "head.term_frameworks",
+                    "filters the hashed terms, but head.terms is 0 (the head reads no terms)",
+                );
             }
         }
         if !(self.sft.decision_weight > 0.0 && self.sft.decision_weight.is_finite()) {

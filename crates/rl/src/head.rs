@@ -18,7 +18,7 @@
 //! classes), not a sampled estimate. A batch whose advantages are all zero takes no step at all:
 //! the KL term alone would only pull the policy back, teaching nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -42,16 +42,37 @@ pub fn features(
     shared: &SharedModel,
     batteries: &[Vec<ProbeResult>],
     terms: usize,
+    keep: Option<&BTreeSet<String>>,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<Vec<f32>>> {
     let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = Vec::with_capacity(batteries.len());
     for (i, b) in batteries.iter().enumerate() {
         let x = reader.features(&mut pm, b)?;
-        out.push(decision::head_input(x, b, terms));
+        out.push(decision::head_input(x, b, terms, keep));
         progress(i + 1);
     }
     Ok(out)
+}
+
+/// The terms a head fitted on `train` (whose batteries are `batteries`) may read with `[head]
+/// term_frameworks = min_frameworks`: those printed by the train traces of at least that many
+/// frameworks ([`linear::shared_terms`]; a trace's framework as [`framework_of`] says). None
+/// (every term) below 2.
+pub fn term_filter(
+    train: &[Labelled],
+    batteries: &[Vec<ProbeResult>],
+    min_frameworks: usize,
+) -> Option<BTreeSet<String>> {
+    if min_frameworks < 2 {
+        return None;
+    }
+    let docs: Vec<Vec<String>> = batteries
+        .iter()
+        .map(|b| linear::terms(&detect::probes::battery_lines(b)))
+        .collect();
+    let groups: Vec<&str> = train.iter().map(framework_of).collect();
+    Some(linear::shared_terms(&docs, &groups, min_frameworks))
 }
 
 /// Fits a decision head on the train split's inputs (ending in `terms` hashed term buckets),
@@ -61,6 +82,7 @@ pub fn fit(
     train_x: &[Vec<f32>],
     val: Option<(&[Labelled], &[Vec<f32>])>,
     terms: usize,
+    term_filter: Option<BTreeSet<String>>,
     options: &FitOptions,
     log: impl FnMut(&FitLog),
 ) -> Result<DecisionHead> {
@@ -103,6 +125,7 @@ pub fn fit(
         components,
         component_model,
         terms,
+        term_filter,
         healthy_mean: healthy_mean(train, train_x),
         calibration: None,
         frames: Default::default(),
@@ -852,6 +875,56 @@ mod tests {
     }
 
     #[test]
+    fn the_term_filter_keeps_the_terms_of_several_frameworks_and_the_head_carries_it() {
+        let battery = |digest: &str| {
+            vec![ProbeResult {
+                probe: "errors",
+                digest: digest.into(),
+            }]
+        };
+        let mut train = Vec::new();
+        let mut batteries = Vec::new();
+        for (framework, ty, digest) in [
+            ("a", "P1", "error timeout on tool fetch_page"),
+            ("a", "none", "no errors"),
+            ("b", "P1", "error timeout on tool run_query"),
+            ("b", "none", "no errors"),
+        ] {
+            let mut t = labelled(ty);
+            t.agent = Some(framework.into());
+            train.push(t);
+            batteries.push(battery(digest));
+        }
+        assert_eq!(term_filter(&train, &batteries, 1), None);
+        let keep = term_filter(&train, &batteries, 2).unwrap();
+        // What both frameworks print stays; each one's tool name is its own and goes.
+        for t in ["error", "timeout", "error timeout", "no errors"] {
+            assert!(keep.contains(t), "{t} missing from {keep:?}");
+        }
+        for t in ["fetch_page", "run_query", "tool fetch_page"] {
+            assert!(!keep.contains(t), "{t} kept");
+        }
+        // The head fitted with the filter keeps it, and reads a trace through it: a third
+        // framework's tool name does not move its input.
+        let x: Vec<Vec<f32>> = batteries
+            .iter()
+            .map(|b| decision::head_input(vec![], b, 16, Some(&keep)))
+            .collect();
+        let options = FitOptions {
+            log_every: 0,
+            ..FitOptions::default()
+        };
+        let head = fit(&train, &x, None, 16, Some(keep), &options, |_| {}).unwrap();
+        assert_eq!(
+            head.input(vec![], &battery("error timeout on tool send_mail")),
+            head.input(vec![], &battery("error timeout on tool read_file"))
+        );
+        let back: DecisionHead =
+            serde_json::from_str(&serde_json::to_string(&head).unwrap()).unwrap();
+        assert_eq!(back.term_filter, head.term_filter);
+    }
+
+    #[test]
     fn a_framed_head_answers_the_same_for_a_framework_shifted_as_a_whole() {
         // Two frameworks that print the same runs, one with every input moved by an offset
         // (a framework's own structure: lines all its runs show). Fitted on framed inputs,
@@ -888,7 +961,7 @@ mod tests {
             log_every: 0,
             ..FitOptions::default()
         };
-        let mut head = fit(&train, &framed, None, 0, &options, |_| {}).unwrap();
+        let mut head = fit(&train, &framed, None, 0, None, &options, |_| {}).unwrap();
         head.frames = frames.clone();
         let probe = [1.1f32, 0.05, 0.0];
         let shifted: Vec<f32> = probe.iter().zip(&offset).map(|(a, s)| a + s).collect();

@@ -399,15 +399,9 @@ impl Trained {
             let x = reader
                 .features(&mut pm, &battery)
                 .with_context(|| format!("reading trace {id}"))?;
-            let x = policy::decision::head_input(x, &battery, head.terms);
-            if x.len() != head.type_model.dim {
-                bail!(
-                    "the decision head reads {} features, the model and {} term buckets give {}",
-                    head.type_model.dim,
-                    head.terms,
-                    x.len()
-                );
-            }
+            let x = head
+                .input(x, &battery)
+                .map_err(|e| anyhow::anyhow!("trace {id}: {e}"))?;
             out.push(x);
             on_done(i + 1);
         }

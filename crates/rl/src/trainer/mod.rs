@@ -15,7 +15,7 @@
 //! phases stand on: `build` (a fresh or resumed trainer), `ranks` (data-parallel coordination)
 //! and `draws` (every random number, one named stream per purpose).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -314,7 +314,7 @@ impl Trainer {
             if self.replay.is_empty() && self.config.head.replay > 0 {
                 // A resumed run reads the train split again (the same features: greedy, no
                 // randomness).
-                let (train, x) = self.train_features()?;
+                let warm_start::TrainFeatures { train, x, .. } = self.train_features()?;
                 let frames = self.heads.as_ref().map(|(h, _)| h.frames.clone());
                 let x = head::framed_inputs(&train.traces, &x, &frames.unwrap_or_default());
                 self.replay = train.traces.into_iter().zip(x).collect();

@@ -4,6 +4,13 @@
 
 use super::*;
 
+/// The train split, the terms its head may read and its inputs ([`Trainer::train_features`]).
+pub(super) struct TrainFeatures {
+    pub train: SplitTraces,
+    pub keep: Option<BTreeSet<String>>,
+    pub x: Vec<Vec<f32>>,
+}
+
 impl Trainer {
     /// Where the decision head's features are kept, beside the runs (`RUNS_DIR/.feature-cache`):
     /// the frozen model reads a trace the same way in every evaluation and every seed.
@@ -30,6 +37,7 @@ impl Trainer {
         &self,
         split: &SplitTraces,
         what: &str,
+        keep: Option<&BTreeSet<String>>,
     ) -> Result<Vec<Vec<f32>>> {
         let batteries = eval::classifier::battery(&split.db, &split.traces)
             .map_err(|e| RlError::Environment(e.to_string()))?;
@@ -46,7 +54,7 @@ impl Trainer {
             .map(|(i, b)| (i, b.clone()))
             .unzip();
         let terms = self.config.head.terms;
-        let x = head::features(&reader, &self.shared, &mine, terms, |i| {
+        let x = head::features(&reader, &self.shared, &mine, terms, keep, |i| {
             bar.set_position(i as u64)
         })?;
         bar.finish_and_clear();
@@ -62,8 +70,9 @@ impl Trainer {
     }
 
     /// The train split with its features as the model reads them (not framed), for the
-    /// head's fit and PPO's replay.
-    pub(super) fn train_features(&self) -> Result<(SplitTraces, Vec<Vec<f32>>)> {
+    /// head's fit and PPO's replay, and the terms the head may read (`[head]
+    /// term_frameworks`; the same on every call: the split's batteries decide them).
+    pub(super) fn train_features(&self) -> Result<TrainFeatures> {
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let train = evaluate::split_traces(
             &corpus,
@@ -71,8 +80,16 @@ impl Trainer {
             self.config.sft.max_examples,
             &self.config.eval.leave_out,
         )?;
-        let x = self.battery_features(&train, "train")?;
-        Ok((train, x))
+        let keep = match self.config.head.term_frameworks {
+            k if k >= 2 && self.config.head.terms > 0 => {
+                let batteries = eval::classifier::battery(&train.db, &train.traces)
+                    .map_err(|e| RlError::Environment(e.to_string()))?;
+                head::term_filter(&train.traces, &batteries, k)
+            }
+            _ => None,
+        };
+        let x = self.battery_features(&train, "train", keep.as_ref())?;
+        Ok(TrainFeatures { train, keep, x })
     }
 
     /// How the decision head is fitted (`[head]`), logging every `log_every` epochs.
@@ -95,7 +112,11 @@ impl Trainer {
     pub(super) fn warm_start_head(&mut self) -> Result<()> {
         let started = Instant::now();
         let corpus = self.options.root.join(&self.config.eval.corpus);
-        let (train, train_x) = self.train_features()?;
+        let TrainFeatures {
+            train,
+            keep,
+            x: train_x,
+        } = self.train_features()?;
         // `[head] frame`: every input from here on (fit, replay, live traces, reviews) is read
         // through its framework's frame, and the frames are saved with the head.
         let (frames, train_x) = head::framed_fit(self.config.head.frame, &train.traces, &train_x)?;
@@ -103,7 +124,7 @@ impl Trainer {
         let val_x = match &val {
             Some(v) => Some(head::framed_inputs(
                 &v.traces,
-                &self.battery_features(v, "val")?,
+                &self.battery_features(v, "val", keep.as_ref())?,
                 &frames,
             )),
             None => None,
@@ -117,6 +138,7 @@ impl Trainer {
                 .zip(val_x.as_ref())
                 .map(|(v, x)| (v.traces.as_slice(), x.as_slice())),
             self.config.head.terms,
+            keep,
             &options,
             |l| {
                 lines.push(StepMetrics {

@@ -30,7 +30,11 @@ use super::EvalArgs;
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Builtin(String),
-    Classifier,
+    /// The linear reader of the digests' terms; with `terms_in` ≥ 2, of the terms the train
+    /// traces of at least that many frameworks print (`classifier:frameworks=K`).
+    Classifier {
+        terms_in: usize,
+    },
     WarmStart(PathBuf),
 }
 
@@ -44,11 +48,17 @@ impl Kind {
             }
             return Ok(Kind::WarmStart(PathBuf::from(file)));
         }
+        if let Some(k) = name.strip_prefix("classifier:frameworks=") {
+            let terms_in = k.parse().ok().filter(|k| *k >= 1).with_context(|| {
+                format!("detector `{name}`: expected classifier:frameworks=K with K a count of frameworks (1 or more)")
+            })?;
+            return Ok(Kind::Classifier { terms_in });
+        }
         match name {
-            "classifier" => Ok(Kind::Classifier),
+            "classifier" => Ok(Kind::Classifier { terms_in: 1 }),
             n if store_eval::DETECTORS.contains(&n) => Ok(Kind::Builtin(n.into())),
             n => bail!(
-                "detector `{n}` cannot be scored with --leave-out: expected {}, classifier or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
+                "detector `{n}` cannot be scored with --leave-out: expected {}, classifier, classifier:frameworks=K or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
                 store_eval::DETECTORS.join(", ")
             ),
         }
@@ -243,7 +253,9 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                     features,
                     ..
                 } => write_head_inputs(path, read, batteries, Some(features))?,
-                Fitted::Classifier { batteries } => write_head_inputs(path, read, batteries, None)?,
+                Fitted::Classifier { batteries, .. } => {
+                    write_head_inputs(path, read, batteries, None)?
+                }
                 Fitted::Builtin { .. } => {}
             }
         }
@@ -397,6 +409,7 @@ enum Fitted<'a> {
         cases: HashMap<String, Case>,
     },
     Classifier {
+        terms_in: usize,
         batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
     },
     WarmStart {
@@ -405,6 +418,10 @@ enum Fitted<'a> {
         config: Box<rl::RunConfig>,
         shared: SharedModel,
         reader: Arc<policy::decision::FeatureReader>,
+        /// The model's features of every trace, before the terms (`[head] term_frameworks`
+        /// decides the terms per fold, from the frameworks it trains on).
+        model_features: HashMap<String, Vec<f32>>,
+        /// The head's input of every trace for the fold fitted last.
         features: HashMap<String, Vec<f32>>,
         /// The head of the last fold fitted, for its calibrations.
         head: Option<Box<DecisionHead>>,
@@ -435,9 +452,10 @@ impl<'a> Fitted<'a> {
                     cases: cases.into_iter().map(|c| (c.trace_id.clone(), c)).collect(),
                 })
             }
-            Kind::Classifier => {
+            Kind::Classifier { terms_in } => {
                 let batteries = ::eval::classifier::battery(db, &everything)?;
                 Ok(Fitted::Classifier {
+                    terms_in: *terms_in,
                     batteries: everything
                         .iter()
                         .map(|t| t.trace_id.clone())
@@ -477,17 +495,21 @@ impl<'a> Fitted<'a> {
                 };
                 let batteries = ::eval::classifier::battery(db, &everything)?;
                 let bar = progress(batteries.len(), "read");
-                let x = rl::head::features(&reader, &shared, &batteries, config.head.terms, |i| {
+                let x = rl::head::features(&reader, &shared, &batteries, 0, None, |i| {
                     bar.set_position(i as u64)
                 })?;
                 bar.finish_and_clear();
                 let ids = || everything.iter().map(|t| t.trace_id.clone());
+                let batteries: HashMap<_, _> = ids().zip(batteries).collect();
+                let model_features: HashMap<_, _> = ids().zip(x).collect();
+                let features = head_inputs(&config, &model_features, &batteries, None);
                 Ok(Fitted::WarmStart {
-                    batteries: ids().zip(batteries).collect(),
+                    batteries,
                     config: Box::new(config),
                     shared,
                     reader,
-                    features: ids().zip(x).collect(),
+                    model_features,
+                    features,
                     head: None,
                 })
             }
@@ -512,15 +534,20 @@ impl<'a> Fitted<'a> {
                         .with_context(|| format!("{name}: no case for trace {}", t.trace_id))
                 })
                 .collect(),
-            Fitted::Classifier { batteries } => {
+            Fitted::Classifier {
+                terms_in,
+                batteries,
+            } => {
                 let b: Vec<_> = train
                     .iter()
                     .map(|t| batteries[&t.trace_id].clone())
                     .collect();
-                let c = Arc::new(::eval::classifier::Classifier::fit(
+                let keep = rl::head::term_filter(train, &b, *terms_in);
+                let c = Arc::new(::eval::classifier::Classifier::fit_on_terms(
                     train,
                     &b,
                     None,
+                    keep.as_ref(),
                     |_| {},
                 )?);
                 let bar = progress(scored.len(), &format!("classifier without {framework}"));
@@ -538,15 +565,27 @@ impl<'a> Fitted<'a> {
                 config,
                 shared,
                 reader,
+                batteries,
+                model_features,
                 features,
                 head: last,
-                ..
             } => {
+                // The terms this fold's head may read come from the frameworks it trains on.
+                let keep = {
+                    let b: Vec<_> = train
+                        .iter()
+                        .map(|t| batteries[&t.trace_id].clone())
+                        .collect();
+                    rl::head::term_filter(train, &b, config.head.term_frameworks)
+                };
+                if keep.is_some() {
+                    *features = head_inputs(config, model_features, batteries, keep.as_ref());
+                }
                 let x: Vec<Vec<f32>> = train
                     .iter()
                     .map(|t| features[&t.trace_id].clone())
                     .collect();
-                let head = fit_head(config, train, &x)?;
+                let head = fit_head(config, train, &x, keep)?;
                 *last = Some(Box::new(head.clone()));
                 if !head.is_framed() {
                     return head_cases(
@@ -796,9 +835,32 @@ fn head_cases(
     Ok(cases)
 }
 
+/// Every trace's head input: its model features and its battery's terms as `config`'s head
+/// hashes them, only the terms in `keep` when given.
+fn head_inputs(
+    config: &rl::RunConfig,
+    model_features: &HashMap<String, Vec<f32>>,
+    batteries: &HashMap<String, Vec<detect::probes::ProbeResult>>,
+    keep: Option<&BTreeSet<String>>,
+) -> HashMap<String, Vec<f32>> {
+    model_features
+        .iter()
+        .map(|(id, x)| {
+            let x =
+                policy::decision::head_input(x.clone(), &batteries[id], config.head.terms, keep);
+            (id.clone(), x)
+        })
+        .collect()
+}
+
 /// The decision head of a warm start, as the trainer fits it: the type and component
 /// softmaxes on the train traces' features, and `none`'s operating point set out of fold.
-fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Result<DecisionHead> {
+fn fit_head(
+    config: &rl::RunConfig,
+    train: &[Labelled],
+    x: &[Vec<f32>],
+    term_filter: Option<BTreeSet<String>>,
+) -> Result<DecisionHead> {
     let h = &config.head;
     let options = linear::FitOptions {
         l2: h.l2 as f32,
@@ -811,7 +873,7 @@ fn fit_head(config: &rl::RunConfig, train: &[Labelled], x: &[Vec<f32>]) -> Resul
     };
     let (frames, x) = rl::head::framed_fit(h.frame, train, x)?;
     let x = &x[..];
-    let mut head = rl::head::fit(train, x, None, h.terms, &options, |_| {})?;
+    let mut head = rl::head::fit(train, x, None, h.terms, term_filter, &options, |_| {})?;
     if h.none_target > 0.0 {
         let read = rl::head::out_of_fold(train, x, h.folds, h.folds_by, &options)?;
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
