@@ -4,6 +4,7 @@
 //! tokens, fitted on a corpus's train split. It shows how much the observations carry: a
 //! learned Detector that reads the same digests should end above it.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -92,7 +93,7 @@ impl Classifier {
         train: &[Labelled],
         train_batteries: &[Vec<ProbeResult>],
         val: Option<(&[Labelled], &[Vec<ProbeResult>])>,
-        keep: Option<&std::collections::BTreeSet<String>>,
+        keep: Option<&BTreeSet<String>>,
         log: impl FnMut(&FitLog),
     ) -> Result<Classifier> {
         if train.is_empty() {

@@ -32,6 +32,12 @@ impl Trainer {
         )
     }
 
+    /// The probe battery's digests of every trace of `split`.
+    fn batteries(split: &SplitTraces) -> Result<Vec<Vec<detect::probes::ProbeResult>>> {
+        eval::classifier::battery(&split.db, &split.traces)
+            .map_err(|e| RlError::Environment(e.to_string()))
+    }
+
     /// The probe battery's features of every trace of `split` (decision head).
     pub(super) fn battery_features(
         &self,
@@ -39,8 +45,16 @@ impl Trainer {
         what: &str,
         keep: Option<&BTreeSet<String>>,
     ) -> Result<Vec<Vec<f32>>> {
-        let batteries = eval::classifier::battery(&split.db, &split.traces)
-            .map_err(|e| RlError::Environment(e.to_string()))?;
+        self.features_of(&Self::batteries(split)?, what, keep)
+    }
+
+    /// The head's input for each of `batteries`, read by the ranks in shares.
+    fn features_of(
+        &self,
+        batteries: &[Vec<detect::probes::ProbeResult>],
+        what: &str,
+        keep: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<Vec<f32>>> {
         let bar = self.bar(
             batteries.len() as u64,
             &format!("read  {{bar:30}} {{pos}}/{{len}} {what} traces"),
@@ -80,15 +94,9 @@ impl Trainer {
             self.config.sft.max_examples,
             &self.config.eval.leave_out,
         )?;
-        let keep = match self.config.head.term_frameworks {
-            k if k >= 2 && self.config.head.terms > 0 => {
-                let batteries = eval::classifier::battery(&train.db, &train.traces)
-                    .map_err(|e| RlError::Environment(e.to_string()))?;
-                head::term_filter(&train.traces, &batteries, k)
-            }
-            _ => None,
-        };
-        let x = self.battery_features(&train, "train", keep.as_ref())?;
+        let batteries = Self::batteries(&train)?;
+        let keep = head::term_filter(&train.traces, &batteries, self.config.head.term_frameworks);
+        let x = self.features_of(&batteries, "train", keep.as_ref())?;
         Ok(TrainFeatures { train, keep, x })
     }
 

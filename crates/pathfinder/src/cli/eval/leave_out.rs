@@ -571,13 +571,15 @@ impl<'a> Fitted<'a> {
                 head: last,
             } => {
                 // The terms this fold's head may read come from the frameworks it trains on.
-                let keep = {
-                    let b: Vec<_> = train
-                        .iter()
-                        .map(|t| batteries[&t.trace_id].clone())
-                        .collect();
-                    rl::head::term_filter(train, &b, config.head.term_frameworks)
-                };
+                let keep = (config.head.term_frameworks >= 2)
+                    .then(|| {
+                        let b: Vec<_> = train
+                            .iter()
+                            .map(|t| batteries[&t.trace_id].clone())
+                            .collect();
+                        rl::head::term_filter(train, &b, config.head.term_frameworks)
+                    })
+                    .flatten();
                 if keep.is_some() {
                     *features = head_inputs(config, model_features, batteries, keep.as_ref());
                 }
