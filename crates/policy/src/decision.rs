@@ -18,7 +18,7 @@ use std::path::Path;
 
 use detect::probes::{self, ProbeResult};
 use detect::Verdict;
-use linear::Softmax;
+use linear::{Softmax, Vocabulary};
 use serde::{Deserialize, Serialize};
 
 use crate::calibration::{deficiency_score, Calibration};
@@ -95,38 +95,100 @@ pub fn features(
     pool(&hidden, from)
 }
 
-/// What the decision head reads: the model's features of a battery, then (when `terms` > 0)
-/// the battery's terms hashed into `terms` buckets. The terms are the words and within-line
-/// word pairs of the digests (numbers by their order of magnitude, `probes::battery_lines` and
-/// `linear::terms`, as the `classifier` reference reads them), each bucket 1 + ln(count), the
-/// whole L2-normalised. Why both: the pooled hidden states blur which exact lines a digest
-/// holds, and on the default corpus a linear reader of the hashed terms alone names more
-/// held-out traces than one of the pooled states, and gains more from new traces
+/// What a decision head reads of a battery besides its label: the model's pooled features
+/// (`states`), then the digests' terms, hashed into `terms` buckets or counted in an exact
+/// `vocabulary`. Saved with the head, so that every trace it reads later is read the way its
+/// fit read the train split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeadReads {
+    /// The model's features lead the input (false: the head reads the terms alone, and no
+    /// model runs to read a trace).
+    #[serde(default = "reads_states", skip_serializing_if = "is_true")]
+    pub states: bool,
+    /// Hashed term buckets its input ends with (0: none, or an exact `vocabulary`).
+    #[serde(default)]
+    pub terms: usize,
+    /// The only terms it reads (`[head] term_frameworks`), when it was fitted with a filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term_filter: Option<BTreeSet<String>>,
+    /// The terms counted one by one, weighted by their rarity in the train split (TF-IDF, as
+    /// the `classifier` reference reads them; `[head] vocabulary_min_df`), instead of hashed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<Vocabulary>,
+}
+
+fn reads_states() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+impl Default for HeadReads {
+    /// The model's features alone.
+    fn default() -> Self {
+        HeadReads::hashed(0, None)
+    }
+}
+
+impl HeadReads {
+    /// The model's features and `terms` hashed buckets of the terms in `keep` (every term
+    /// when `None`).
+    pub fn hashed(terms: usize, keep: Option<BTreeSet<String>>) -> HeadReads {
+        HeadReads {
+            states: true,
+            terms,
+            term_filter: keep,
+            vocabulary: None,
+        }
+    }
+
+    /// How many of the input's values are terms (the rest, before them, the model's).
+    pub fn term_width(&self) -> usize {
+        match &self.vocabulary {
+            Some(v) => v.len(),
+            None => self.terms,
+        }
+    }
+}
+
+/// What the decision head reads ([`HeadReads`]): the model's features of a battery (unless
+/// `reads.states` is false, when `features` is ignored), then the battery's terms. The terms
+/// are the words and within-line word pairs of the digests (numbers by their order of
+/// magnitude, `probes::battery_lines` and `linear::terms`, as the `classifier` reference reads
+/// them): hashed into `reads.terms` buckets, each 1 + ln(count), the whole L2-normalised; or,
+/// with a vocabulary, its TF-IDF vector. Why both: the pooled hidden states blur which exact
+/// lines a digest holds, and on the default corpus a linear reader of the hashed terms alone
+/// names more held-out traces than one of the pooled states, and gains more from new traces
 /// (BENCHMARKS.md, "What the live traces are worth to each reader").
 ///
-/// `keep`: when given, only these terms are hashed (a head fitted with `[head]
+/// `reads.term_filter`: when given, only these terms are read (a head fitted with `[head]
 /// term_frameworks`: the terms the train traces of several frameworks print,
 /// [`linear::shared_terms`]); a term outside it never reaches the head.
-pub fn head_input(
-    mut features: Vec<f32>,
-    battery: &[ProbeResult],
-    terms: usize,
-    keep: Option<&BTreeSet<String>>,
-) -> Vec<f32> {
-    if terms == 0 {
-        return features;
+pub fn head_input(features: Vec<f32>, battery: &[ProbeResult], reads: &HeadReads) -> Vec<f32> {
+    let mut input = if reads.states { features } else { Vec::new() };
+    let keep = reads.term_filter.as_ref();
+    let terms = || {
+        linear::terms(&probes::battery_lines(battery))
+            .into_iter()
+            .filter(|t| keep.is_none_or(|k| k.contains(t)))
+    };
+    if let Some(vocabulary) = &reads.vocabulary {
+        input.extend(vocabulary.vector(&terms().collect::<Vec<_>>()));
+        return input;
     }
-    let mut buckets = vec![0f32; terms];
-    for term in linear::terms(&probes::battery_lines(battery)) {
-        if keep.is_some_and(|k| !k.contains(&term)) {
-            continue;
-        }
+    if reads.terms == 0 {
+        return input;
+    }
+    let mut buckets = vec![0f32; reads.terms];
+    for term in terms() {
         // FNV-1a: stable across runs and machines, unlike the standard library's hasher.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in term.as_bytes() {
             h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
-        buckets[(h % terms as u64) as usize] += 1.0;
+        buckets[(h % reads.terms as u64) as usize] += 1.0;
     }
     for b in buckets.iter_mut().filter(|b| **b > 0.0) {
         *b = 1.0 + b.ln();
@@ -135,8 +197,8 @@ pub fn head_input(
     if norm > 0.0 {
         buckets.iter_mut().for_each(|b| *b /= norm);
     }
-    features.extend(buckets);
-    features
+    input.extend(buckets);
+    input
 }
 
 /// `features` moved by a calibration's `shift`.
@@ -299,12 +361,9 @@ pub struct DecisionHead {
     pub type_model: Softmax,
     pub components: Vec<String>,
     pub component_model: Softmax,
-    /// Hashed term buckets its input ends with ([`head_input`]; 0: the model's features alone).
-    #[serde(default)]
-    pub terms: usize,
-    /// The only terms it hashes (`[head] term_frameworks`), when it was fitted with a filter.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub term_filter: Option<BTreeSet<String>>,
+    /// What its input holds and how the digests' terms are read ([`head_input`]).
+    #[serde(flatten)]
+    pub reads: HeadReads,
     /// The mean input of the healthy traces it was fitted on (empty: it had none, or it was
     /// saved before heads recorded it): where a calibration recentres a framework's healthy
     /// runs ([`crate::calibration::recentre_shift`]).
@@ -344,12 +403,13 @@ impl DecisionHead {
         features: Vec<f32>,
         battery: &[ProbeResult],
     ) -> std::result::Result<Vec<f32>, String> {
-        let x = head_input(features, battery, self.terms, self.term_filter.as_ref());
+        let x = head_input(features, battery, &self.reads);
         if x.len() != self.type_model.dim {
             return Err(format!(
-                "the decision head reads {} features, the model and {} term buckets give {}",
+                "the decision head reads {} features, the model{} and {} terms give {}",
                 self.type_model.dim,
-                self.terms,
+                if self.reads.states { "" } else { " (not read)" },
+                self.reads.term_width(),
                 x.len()
             ));
         }
@@ -738,9 +798,14 @@ pub fn policy(
         ),
         Box::new(move |battery| {
             let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
-            let x = reader
-                .features(&mut pm, battery)
-                .map_err(|e| e.to_string())?;
+            // A head that reads the terms alone needs no pass of the model.
+            let x = if head.reads.states {
+                reader
+                    .features(&mut pm, battery)
+                    .map_err(|e| e.to_string())?
+            } else {
+                Vec::new()
+            };
             let x = head.input(x, battery)?;
             let x = head.framed(&x);
             let d = head.decide_framed(&x, temperature, u);
@@ -790,9 +855,13 @@ mod tests {
             ]
         };
         let lm = vec![0.5f32, -1.0];
+        let hashed = |keep| HeadReads::hashed(64, keep);
         // No buckets: the model's features as they are.
-        assert_eq!(head_input(lm.clone(), &battery("none"), 0, None), lm);
-        let x = head_input(lm.clone(), &battery("flag recursion 3"), 64, None);
+        assert_eq!(
+            head_input(lm.clone(), &battery("none"), &HeadReads::default()),
+            lm
+        );
+        let x = head_input(lm.clone(), &battery("flag recursion 3"), &hashed(None));
         assert_eq!(x.len(), 2 + 64);
         assert_eq!(&x[..2], &lm[..]);
         let norm: f32 = x[2..].iter().map(|b| b * b).sum::<f32>().sqrt();
@@ -801,35 +870,90 @@ mod tests {
         // The same battery gives the same input; another flag line gives another.
         assert_eq!(
             x,
-            head_input(lm.clone(), &battery("flag recursion 3"), 64, None)
+            head_input(lm.clone(), &battery("flag recursion 3"), &hashed(None))
         );
         assert_ne!(
             x,
-            head_input(lm.clone(), &battery("flag timeout 1"), 64, None)
+            head_input(lm.clone(), &battery("flag timeout 1"), &hashed(None))
         );
         // Numbers count by their order of magnitude, as the classifier reads them.
         assert_eq!(
-            head_input(lm.clone(), &battery("flag recursion 3"), 64, None),
-            head_input(lm.clone(), &battery("flag recursion 7"), 64, None)
+            head_input(lm.clone(), &battery("flag recursion 3"), &hashed(None)),
+            head_input(lm.clone(), &battery("flag recursion 7"), &hashed(None))
         );
         // With a filter, a term outside it never reaches the input: the two flag lines differ
         // only in terms the filter leaves out, so they read the same; an empty filter leaves
         // no term at all.
         let keep: BTreeSet<String> = ["error", "tool", "step"].map(String::from).into();
-        let kept = head_input(lm.clone(), &battery("flag recursion 3"), 64, Some(&keep));
+        let kept = head_input(
+            lm.clone(),
+            &battery("flag recursion 3"),
+            &hashed(Some(keep.clone())),
+        );
         assert_ne!(kept, x);
         assert_eq!(
             kept,
-            head_input(lm.clone(), &battery("flag timeout 1"), 64, Some(&keep))
+            head_input(
+                lm.clone(),
+                &battery("flag timeout 1"),
+                &hashed(Some(keep.clone()))
+            )
         );
         let none = head_input(
             lm.clone(),
             &battery("flag recursion 3"),
-            64,
-            Some(&BTreeSet::new()),
+            &hashed(Some(BTreeSet::new())),
         );
         assert_eq!(&none[..2], &lm[..]);
         assert!(none[2..].iter().all(|b| *b == 0.0));
+    }
+
+    #[test]
+    fn a_head_can_read_the_terms_alone_and_by_an_exact_vocabulary() {
+        let battery = |flags: &str| {
+            vec![ProbeResult {
+                probe: "flags",
+                digest: flags.into(),
+            }]
+        };
+        let docs: Vec<Vec<String>> = ["flag recursion 3", "flag timeout 1", "flag timeout 2"]
+            .iter()
+            .map(|f| linear::terms(&probes::battery_lines(&battery(f))))
+            .collect();
+        let vocabulary = Vocabulary::fit(&docs, 1);
+        let lm = vec![0.5f32, -1.0];
+        let reads = HeadReads {
+            states: false,
+            terms: 0,
+            term_filter: None,
+            vocabulary: Some(vocabulary.clone()),
+        };
+        // Without states the model's features never reach the input; the terms are the
+        // vocabulary's TF-IDF vector, one value per known term.
+        let x = head_input(lm.clone(), &battery("flag timeout 1"), &reads);
+        assert_eq!(x.len(), vocabulary.len());
+        assert_eq!(reads.term_width(), vocabulary.len());
+        assert_eq!(x, vocabulary.vector(&docs[1]));
+        // With states they lead, as with hashed terms.
+        let with_states = HeadReads {
+            states: true,
+            ..reads.clone()
+        };
+        let y = head_input(lm.clone(), &battery("flag timeout 1"), &with_states);
+        assert_eq!(&y[..2], &lm[..]);
+        assert_eq!(&y[2..], &x[..]);
+        // Words the train split never printed read as nothing.
+        assert_eq!(
+            head_input(lm.clone(), &battery("flag timeout 1 zebra giraffe"), &reads),
+            head_input(lm.clone(), &battery("flag timeout 1"), &reads)
+        );
+        // The reading survives a round trip through JSON, and a head saved before heads
+        // recorded it reads the model's states.
+        let back: HeadReads =
+            serde_json::from_str(&serde_json::to_string(&reads).unwrap()).unwrap();
+        assert_eq!(back, reads);
+        let old: HeadReads = serde_json::from_str(r#"{"terms": 2048}"#).unwrap();
+        assert_eq!(old, HeadReads::hashed(2048, None));
     }
 
     #[test]
@@ -871,8 +995,7 @@ mod tests {
                 "llm_client.request".into(),
             ],
             component_model: model(3, vec![2.0, 0.5, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -900,8 +1023,7 @@ mod tests {
             type_model: model(3, vec![1.0, 0.0, 0.5]),
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -932,8 +1054,7 @@ mod tests {
             type_model: model(2, vec![0.7f32.ln(), 0.3f32.ln()]),
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::new(),
@@ -975,8 +1096,7 @@ mod tests {
             type_model,
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: vec![-1.0],
             calibration: None,
             frames: BTreeMap::from([("ours".to_string(), frame.clone())]),
@@ -1028,8 +1148,7 @@ mod tests {
             type_model: model(2, vec![0.0, 0.0]),
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: Vec::new(),
             calibration: None,
             frames: BTreeMap::from([
@@ -1085,8 +1204,7 @@ mod tests {
             type_model,
             components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
             component_model: model(2, vec![0.0, 1.0]),
-            terms: 0,
-            term_filter: None,
+            reads: HeadReads::default(),
             healthy_mean: vec![-1.0],
             calibration: None,
             frames: BTreeMap::new(),

@@ -171,12 +171,26 @@ pub struct HeadConfig {
     /// paths) tells the fit which framework a trace came from, and a head that learned it
     /// reads a framework it never saw by its nearest look-alike.
     pub term_frameworks: usize,
+    /// k > 0: the head reads the digests' terms by an exact TF-IDF vocabulary of the terms at
+    /// least k train traces print (as the `classifier` reference does), fitted on the train
+    /// split and saved with the head, instead of hashing them (`terms` must then be 0).
+    pub vocabulary_min_df: usize,
+    /// Whether the head reads the model's pooled states before the terms. False: the terms
+    /// alone, and no model pass reads a trace (the frozen model's states carry less that
+    /// transfers to a framework left out than the digests' words; BENCHMARKS.md).
+    pub states: bool,
 }
 
 impl HeadConfig {
-    /// [`linear::FitOptions::raw_tail`] for these settings.
-    pub fn raw_terms(&self) -> Option<(usize, f32)> {
-        (self.terms > 0 && self.term_scale > 0.0).then_some((self.terms, self.term_scale as f32))
+    /// [`linear::FitOptions::raw_tail`] for these settings, when the head's input ends in
+    /// `term_width` term values.
+    pub fn raw_terms(&self, term_width: usize) -> Option<(usize, f32)> {
+        (term_width > 0 && self.term_scale > 0.0).then_some((term_width, self.term_scale as f32))
+    }
+
+    /// Whether the head reads the digests' terms at all (hashed or by a vocabulary).
+    pub fn reads_terms(&self) -> bool {
+        self.terms > 0 || self.vocabulary_min_df > 0
     }
 }
 
@@ -197,6 +211,8 @@ impl Default for HeadConfig {
             term_scale: 0.0,
             frame: FrameBy::None,
             term_frameworks: 0,
+            vocabulary_min_df: 0,
+            states: true,
         }
     }
 }
@@ -829,10 +845,22 @@ impl RunConfig {
             if self.head.folds < 2 {
                 return bad("head.folds", "cross-validation needs at least 2 folds");
             }
-            if self.head.term_frameworks >= 2 && self.head.terms == 0 {
+            if self.head.term_frameworks >= 2 && !self.head.reads_terms() {
                 return bad(
                     "head.term_frameworks",
-                    "filters the hashed terms, but head.terms is 0 (the head reads no terms)",
+                    "filters the digests' terms, but head.terms and head.vocabulary_min_df are 0 (the head reads no terms)",
+                );
+            }
+            if self.head.vocabulary_min_df > 0 && self.head.terms > 0 {
+                return bad(
+                    "head.vocabulary_min_df",
+                    "reads the terms by an exact vocabulary, but head.terms also hashes them: set one of the two to 0",
+                );
+            }
+            if !self.head.states && !self.head.reads_terms() {
+                return bad(
+                    "head.states",
+                    "is false and the head reads no terms either (head.terms and head.vocabulary_min_df are 0): it would read nothing",
                 );
             }
         }
@@ -946,6 +974,15 @@ mod tests {
                 "run.agents",
             ),
             ("[eval]\nleave_out = [\"ag2\"]\n", "eval.leave_out"),
+            // A head that hashes and counts the same terms, or reads nothing at all.
+            (
+                "[detector]\ndecision = \"head\"\n[eval]\ncorpus = \"c\"\n[head]\nterms = 64\nvocabulary_min_df = 2\n",
+                "head.vocabulary_min_df",
+            ),
+            (
+                "[detector]\ndecision = \"head\"\n[eval]\ncorpus = \"c\"\n[head]\nstates = false\n",
+                "head.states",
+            ),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()

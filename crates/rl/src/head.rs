@@ -25,31 +25,35 @@ use std::sync::{Arc, Mutex};
 use detect::probes::ProbeResult;
 use eval::store_eval::Labelled;
 use linear::{FitLog, FitOptions, Softmax};
-use policy::decision::{self, DecisionHead};
+use policy::decision::{self, DecisionHead, HeadReads};
 use policy::frame::Frame;
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{FoldsBy, FrameBy, ReviewOptimizer, ReviewWeighting};
+use crate::config::{FoldsBy, FrameBy, HeadConfig, ReviewOptimizer, ReviewWeighting};
 use crate::ppo::group_advantages;
 use crate::{Result, RlError};
 
-/// The decision head's input for every battery: the language model's features (see
-/// [`policy::decision::features`]) and `terms` hashed term buckets
-/// ([`policy::decision::head_input`]).
+/// The decision head's input for every battery, read as `reads` says
+/// ([`policy::decision::head_input`]): the language model's features (see
+/// [`policy::decision::features`]; no model pass when `reads.states` is false) and the
+/// digests' terms.
 pub fn features(
     reader: &decision::FeatureReader,
     shared: &SharedModel,
     batteries: &[Vec<ProbeResult>],
-    terms: usize,
-    keep: Option<&BTreeSet<String>>,
+    reads: &HeadReads,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<Vec<f32>>> {
     let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = Vec::with_capacity(batteries.len());
     for (i, b) in batteries.iter().enumerate() {
-        let x = reader.features(&mut pm, b)?;
-        out.push(decision::head_input(x, b, terms, keep));
+        let x = if reads.states {
+            reader.features(&mut pm, b)?
+        } else {
+            Vec::new()
+        };
+        out.push(decision::head_input(x, b, reads));
         progress(i + 1);
     }
     Ok(out)
@@ -67,22 +71,48 @@ pub fn term_filter(
     if min_frameworks < 2 {
         return None;
     }
-    let docs: Vec<Vec<String>> = batteries
-        .iter()
-        .map(|b| linear::terms(&detect::probes::battery_lines(b)))
-        .collect();
+    let docs: Vec<Vec<String>> = batteries.iter().map(|b| battery_terms(b)).collect();
     let groups: Vec<&str> = train.iter().map(framework_of).collect();
     Some(linear::shared_terms(&docs, &groups, min_frameworks))
 }
 
-/// Fits a decision head on the train split's inputs (ending in `terms` hashed term buckets),
-/// logging the type decision's fit on train and (when given) validation as it goes.
+fn battery_terms(battery: &[ProbeResult]) -> Vec<String> {
+    linear::terms(&detect::probes::battery_lines(battery))
+}
+
+/// How a head configured by `config` reads a trace when fitted on `train` (whose batteries
+/// are `batteries`): the term filter of `term_frameworks` and the exact vocabulary of
+/// `vocabulary_min_df`, both drawn from the train split alone.
+pub fn reads(config: &HeadConfig, train: &[Labelled], batteries: &[Vec<ProbeResult>]) -> HeadReads {
+    let term_filter = term_filter(train, batteries, config.term_frameworks);
+    let vocabulary = (config.vocabulary_min_df > 0).then(|| {
+        let docs: Vec<Vec<String>> = batteries
+            .iter()
+            .map(|b| {
+                let mut d = battery_terms(b);
+                if let Some(keep) = &term_filter {
+                    d.retain(|t| keep.contains(t));
+                }
+                d
+            })
+            .collect();
+        linear::Vocabulary::fit(&docs, config.vocabulary_min_df)
+    });
+    HeadReads {
+        states: config.states,
+        terms: config.terms,
+        term_filter,
+        vocabulary,
+    }
+}
+
+/// Fits a decision head on the train split's inputs (read as `reads` says), logging the
+/// type decision's fit on train and (when given) validation as it goes.
 pub fn fit(
     train: &[Labelled],
     train_x: &[Vec<f32>],
     val: Option<(&[Labelled], &[Vec<f32>])>,
-    terms: usize,
-    term_filter: Option<BTreeSet<String>>,
+    reads: HeadReads,
     options: &FitOptions,
     log: impl FnMut(&FitLog),
 ) -> Result<DecisionHead> {
@@ -124,8 +154,7 @@ pub fn fit(
         type_model,
         components,
         component_model,
-        terms,
-        term_filter,
+        reads,
         healthy_mean: healthy_mean(train, train_x),
         calibration: None,
         frames: Default::default(),
@@ -906,22 +935,49 @@ mod tests {
         }
         // The head fitted with the filter keeps it, and reads a trace through it: a third
         // framework's tool name does not move its input.
-        let x: Vec<Vec<f32>> = batteries
-            .iter()
-            .map(|b| decision::head_input(vec![], b, 16, Some(&keep)))
-            .collect();
         let options = FitOptions {
             log_every: 0,
             ..FitOptions::default()
         };
-        let head = fit(&train, &x, None, 16, Some(keep), &options, |_| {}).unwrap();
-        assert_eq!(
-            head.input(vec![], &battery("error timeout on tool send_mail")),
-            head.input(vec![], &battery("error timeout on tool read_file"))
-        );
-        let back: DecisionHead =
-            serde_json::from_str(&serde_json::to_string(&head).unwrap()).unwrap();
-        assert_eq!(back.term_filter, head.term_filter);
+        for config in [
+            HeadConfig {
+                terms: 16,
+                term_frameworks: 2,
+                ..HeadConfig::default()
+            },
+            // The same filter under an exact vocabulary, the terms read alone.
+            HeadConfig {
+                vocabulary_min_df: 1,
+                states: false,
+                term_frameworks: 2,
+                ..HeadConfig::default()
+            },
+        ] {
+            let reads = reads(&config, &train, &batteries);
+            assert_eq!(reads.term_filter.as_ref(), Some(&keep));
+            if let Some(v) = &reads.vocabulary {
+                // The vocabulary holds only the terms the filter keeps.
+                assert_eq!(v.len(), keep.len());
+            }
+            let x: Vec<Vec<f32>> = batteries
+                .iter()
+                .map(|b| decision::head_input(vec![0.5], b, &reads))
+                .collect();
+            let width = usize::from(config.states) + reads.term_width();
+            assert!(x.iter().all(|x| x.len() == width));
+            let head = fit(&train, &x, None, reads, &options, |_| {}).unwrap();
+            assert_eq!(
+                head.input(vec![0.5], &battery("error timeout on tool send_mail")),
+                head.input(vec![0.5], &battery("error timeout on tool read_file"))
+            );
+            let back: DecisionHead =
+                serde_json::from_str(&serde_json::to_string(&head).unwrap()).unwrap();
+            assert_eq!(back.reads, head.reads);
+            assert_eq!(
+                back.input(vec![0.5], &battery("error timeout on tool x")),
+                head.input(vec![0.5], &battery("error timeout on tool x"))
+            );
+        }
     }
 
     #[test]
@@ -961,7 +1017,15 @@ mod tests {
             log_every: 0,
             ..FitOptions::default()
         };
-        let mut head = fit(&train, &framed, None, 0, None, &options, |_| {}).unwrap();
+        let mut head = fit(
+            &train,
+            &framed,
+            None,
+            HeadReads::default(),
+            &options,
+            |_| {},
+        )
+        .unwrap();
         head.frames = frames.clone();
         let probe = [1.1f32, 0.05, 0.0];
         let shifted: Vec<f32> = probe.iter().zip(&offset).map(|(a, s)| a + s).collect();

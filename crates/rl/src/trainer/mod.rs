@@ -15,7 +15,7 @@
 //! phases stand on: `build` (a fresh or resumed trainer), `ranks` (data-parallel coordination)
 //! and `draws` (every random number, one named stream per purpose).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -25,7 +25,7 @@ use detect::policies::KeywordPolicy;
 use eval::store_eval::Labelled;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{AdamW, AdamWConfig, DType, Device, LoraConfig, Projection};
-use policy::decision::DecisionHead;
+use policy::decision::{DecisionHead, HeadReads};
 use policy::{ActionGrammar, Conversation, DetectorOptions, PolicyModel, SharedModel};
 
 use collective::Collective;

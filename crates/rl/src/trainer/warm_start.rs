@@ -4,10 +4,11 @@
 
 use super::*;
 
-/// The train split, the terms its head may read and its inputs ([`Trainer::train_features`]).
+/// The train split, how its head reads a trace (the terms it may read, its vocabulary) and its
+/// inputs ([`Trainer::train_features`]).
 pub(super) struct TrainFeatures {
     pub train: SplitTraces,
-    pub keep: Option<BTreeSet<String>>,
+    pub reads: HeadReads,
     pub x: Vec<Vec<f32>>,
 }
 
@@ -43,9 +44,9 @@ impl Trainer {
         &self,
         split: &SplitTraces,
         what: &str,
-        keep: Option<&BTreeSet<String>>,
+        reads: &HeadReads,
     ) -> Result<Vec<Vec<f32>>> {
-        self.features_of(&Self::batteries(split)?, what, keep)
+        self.features_of(&Self::batteries(split)?, what, reads)
     }
 
     /// The head's input for each of `batteries`, read by the ranks in shares.
@@ -53,7 +54,7 @@ impl Trainer {
         &self,
         batteries: &[Vec<detect::probes::ProbeResult>],
         what: &str,
-        keep: Option<&BTreeSet<String>>,
+        reads: &HeadReads,
     ) -> Result<Vec<Vec<f32>>> {
         let bar = self.bar(
             batteries.len() as u64,
@@ -67,8 +68,7 @@ impl Trainer {
             .filter(|(i, _)| self.ranks().owns(*i))
             .map(|(i, b)| (i, b.clone()))
             .unzip();
-        let terms = self.config.head.terms;
-        let x = head::features(&reader, &self.shared, &mine, terms, keep, |i| {
+        let x = head::features(&reader, &self.shared, &mine, reads, |i| {
             bar.set_position(i as u64)
         })?;
         bar.finish_and_clear();
@@ -84,8 +84,8 @@ impl Trainer {
     }
 
     /// The train split with its features as the model reads them (not framed), for the
-    /// head's fit and PPO's replay, and the terms the head may read (`[head]
-    /// term_frameworks`; the same on every call: the split's batteries decide them).
+    /// head's fit and PPO's replay, and how the head reads a trace (`[head] term_frameworks`,
+    /// `vocabulary_min_df`; the same on every call: the split's batteries decide them).
     pub(super) fn train_features(&self) -> Result<TrainFeatures> {
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let train = evaluate::split_traces(
@@ -95,13 +95,23 @@ impl Trainer {
             &self.config.eval.leave_out,
         )?;
         let batteries = Self::batteries(&train)?;
-        let keep = head::term_filter(&train.traces, &batteries, self.config.head.term_frameworks);
-        let x = self.features_of(&batteries, "train", keep.as_ref())?;
-        Ok(TrainFeatures { train, keep, x })
+        let reads = head::reads(&self.config.head, &train.traces, &batteries);
+        let x = self.features_of(&batteries, "train", &reads)?;
+        Ok(TrainFeatures { train, reads, x })
     }
 
-    /// How the decision head is fitted (`[head]`), logging every `log_every` epochs.
+    /// How the decision head is fitted once it exists (the warm start's reading of a trace
+    /// says how many input values are terms).
     pub(super) fn head_fit_options(&self, log_every: usize) -> linear::FitOptions {
+        let term_width = match &self.heads {
+            Some((h, _)) => h.reads.term_width(),
+            None => self.config.head.terms,
+        };
+        self.fit_options(log_every, term_width)
+    }
+
+    /// `term_width`: how many of the input's values are terms ([`HeadReads::term_width`]).
+    fn fit_options(&self, log_every: usize, term_width: usize) -> linear::FitOptions {
         let h = &self.config.head;
         linear::FitOptions {
             l2: h.l2 as f32,
@@ -110,7 +120,7 @@ impl Trainer {
             patience: h.patience,
             log_every,
             standardise: true,
-            raw_tail: h.raw_terms(),
+            raw_tail: h.raw_terms(term_width),
         }
     }
 
@@ -122,7 +132,7 @@ impl Trainer {
         let corpus = self.options.root.join(&self.config.eval.corpus);
         let TrainFeatures {
             train,
-            keep,
+            reads,
             x: train_x,
         } = self.train_features()?;
         // `[head] frame`: every input from here on (fit, replay, live traces, reviews) is read
@@ -132,12 +142,12 @@ impl Trainer {
         let val_x = match &val {
             Some(v) => Some(head::framed_inputs(
                 &v.traces,
-                &self.battery_features(v, "val", keep.as_ref())?,
+                &self.battery_features(v, "val", &reads)?,
                 &frames,
             )),
             None => None,
         };
-        let options = self.head_fit_options(10);
+        let options = self.fit_options(10, reads.term_width());
         let mut lines = Vec::new();
         let mut fitted = head::fit(
             &train.traces,
@@ -145,8 +155,7 @@ impl Trainer {
             val.as_ref()
                 .zip(val_x.as_ref())
                 .map(|(v, x)| (v.traces.as_slice(), x.as_slice())),
-            self.config.head.terms,
-            keep,
+            reads,
             &options,
             |l| {
                 lines.push(StepMetrics {
@@ -185,11 +194,14 @@ impl Trainer {
         }
         fitted.frames = frames;
         self.replay = train.traces.into_iter().zip(train_x).collect();
+        self.heads = Some((fitted.clone(), fitted));
         if self.config.head.none_target > 0.0 {
             let point = self.operating_point()?;
-            fitted.set_none_shift(point.shift);
+            if let Some((h, reference)) = &mut self.heads {
+                h.set_none_shift(point.shift);
+                reference.set_none_shift(point.shift);
+            }
         }
-        self.heads = Some((fitted.clone(), fitted));
         self.state.warm_started = true;
         Ok(())
     }

@@ -495,14 +495,26 @@ impl<'a> Fitted<'a> {
                 };
                 let batteries = ::eval::classifier::battery(db, &everything)?;
                 let bar = progress(batteries.len(), "read");
-                let x = rl::head::features(&reader, &shared, &batteries, 0, None, |i| {
+                // The model's states alone (none when the head reads the terms alone): the
+                // terms are read per fold, as the frameworks it trains on decide them.
+                let states = policy::decision::HeadReads {
+                    states: config.head.states,
+                    ..Default::default()
+                };
+                let x = rl::head::features(&reader, &shared, &batteries, &states, |i| {
                     bar.set_position(i as u64)
                 })?;
                 bar.finish_and_clear();
                 let ids = || everything.iter().map(|t| t.trace_id.clone());
                 let batteries: HashMap<_, _> = ids().zip(batteries).collect();
                 let model_features: HashMap<_, _> = ids().zip(x).collect();
-                let features = head_inputs(&config, &model_features, &batteries, None);
+                // Every term hashed; a fold whose head filters the terms or counts them by a
+                // vocabulary of its train split reads them again.
+                let reads = policy::decision::HeadReads {
+                    states: config.head.states,
+                    ..policy::decision::HeadReads::hashed(config.head.terms, None)
+                };
+                let features = head_inputs(&model_features, &batteries, &reads);
                 Ok(Fitted::WarmStart {
                     batteries,
                     config: Box::new(config),
@@ -570,24 +582,21 @@ impl<'a> Fitted<'a> {
                 features,
                 head: last,
             } => {
-                // The terms this fold's head may read come from the frameworks it trains on.
-                let keep = (config.head.term_frameworks >= 2)
-                    .then(|| {
-                        let b: Vec<_> = train
-                            .iter()
-                            .map(|t| batteries[&t.trace_id].clone())
-                            .collect();
-                        rl::head::term_filter(train, &b, config.head.term_frameworks)
-                    })
-                    .flatten();
-                if keep.is_some() {
-                    *features = head_inputs(config, model_features, batteries, keep.as_ref());
+                // The terms this fold's head may read, and its vocabulary, come from the
+                // frameworks it trains on.
+                let b: Vec<_> = train
+                    .iter()
+                    .map(|t| batteries[&t.trace_id].clone())
+                    .collect();
+                let reads = rl::head::reads(&config.head, train, &b);
+                if reads.term_filter.is_some() || reads.vocabulary.is_some() {
+                    *features = head_inputs(model_features, batteries, &reads);
                 }
                 let x: Vec<Vec<f32>> = train
                     .iter()
                     .map(|t| features[&t.trace_id].clone())
                     .collect();
-                let head = fit_head(config, train, &x, keep)?;
+                let head = fit_head(config, train, &x, reads)?;
                 *last = Some(Box::new(head.clone()));
                 if !head.is_framed() {
                     return head_cases(
@@ -837,19 +846,16 @@ fn head_cases(
     Ok(cases)
 }
 
-/// Every trace's head input: its model features and its battery's terms as `config`'s head
-/// hashes them, only the terms in `keep` when given.
+/// Every trace's head input: its model features and its battery's terms, as `reads` says.
 fn head_inputs(
-    config: &rl::RunConfig,
     model_features: &HashMap<String, Vec<f32>>,
     batteries: &HashMap<String, Vec<detect::probes::ProbeResult>>,
-    keep: Option<&BTreeSet<String>>,
+    reads: &policy::decision::HeadReads,
 ) -> HashMap<String, Vec<f32>> {
     model_features
         .iter()
         .map(|(id, x)| {
-            let x =
-                policy::decision::head_input(x.clone(), &batteries[id], config.head.terms, keep);
+            let x = policy::decision::head_input(x.clone(), &batteries[id], reads);
             (id.clone(), x)
         })
         .collect()
@@ -861,7 +867,7 @@ fn fit_head(
     config: &rl::RunConfig,
     train: &[Labelled],
     x: &[Vec<f32>],
-    term_filter: Option<BTreeSet<String>>,
+    reads: policy::decision::HeadReads,
 ) -> Result<DecisionHead> {
     let h = &config.head;
     let options = linear::FitOptions {
@@ -871,11 +877,11 @@ fn fit_head(
         patience: h.patience,
         log_every: 0,
         standardise: true,
-        raw_tail: h.raw_terms(),
+        raw_tail: h.raw_terms(reads.term_width()),
     };
     let (frames, x) = rl::head::framed_fit(h.frame, train, x)?;
     let x = &x[..];
-    let mut head = rl::head::fit(train, x, None, h.terms, term_filter, &options, |_| {})?;
+    let mut head = rl::head::fit(train, x, None, reads, &options, |_| {})?;
     if h.none_target > 0.0 {
         let read = rl::head::out_of_fold(train, x, h.folds, h.folds_by, &options)?;
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
