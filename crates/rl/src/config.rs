@@ -994,7 +994,12 @@ mod tests {
     #[test]
     fn the_repository_configurations_parse() {
         let rl = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../rl");
-        for name in ["default.toml", "cpu.toml", "transfer.toml"] {
+        for name in [
+            "default.toml",
+            "cpu.toml",
+            "transfer.toml",
+            "transfer-vocabulary.toml",
+        ] {
             let path = rl.join(name);
             let text = std::fs::read_to_string(&path).unwrap();
             RunConfig::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
@@ -1012,5 +1017,10 @@ mod tests {
         transfer.run.agents = cpu.run.agents.clone();
         transfer.eval.corpus = cpu.eval.corpus.clone();
         assert_eq!(transfer, cpu);
+        // The vocabulary configuration is rl/transfer.toml but for how its head reads and fits.
+        let (transfer, mut vocabulary) = (read("transfer.toml"), read("transfer-vocabulary.toml"));
+        assert!(!vocabulary.head.states && vocabulary.head.vocabulary_min_df == 2);
+        vocabulary.head = transfer.head.clone();
+        assert_eq!(vocabulary, transfer);
     }
 }
