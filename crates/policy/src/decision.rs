@@ -305,6 +305,21 @@ impl FeatureReader {
         Ok(self)
     }
 
+    /// The model's features a head that reads as `reads` says needs of a battery: none (and
+    /// no model pass) when it reads the terms alone.
+    pub fn features_for(
+        &self,
+        pm: &mut PolicyModel,
+        battery: &[ProbeResult],
+        reads: &HeadReads,
+    ) -> Result<Vec<f32>> {
+        if reads.states {
+            self.features(pm, battery)
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
     pub fn features(&self, pm: &mut PolicyModel, battery: &[ProbeResult]) -> Result<Vec<f32>> {
         let (tokens, from) = conversation(pm, &self.system, battery)?;
         debug_assert_eq!(from, self.prefix_len);
@@ -798,14 +813,9 @@ pub fn policy(
         ),
         Box::new(move |battery| {
             let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
-            // A head that reads the terms alone needs no pass of the model.
-            let x = if head.reads.states {
-                reader
-                    .features(&mut pm, battery)
-                    .map_err(|e| e.to_string())?
-            } else {
-                Vec::new()
-            };
+            let x = reader
+                .features_for(&mut pm, battery, &head.reads)
+                .map_err(|e| e.to_string())?;
             let x = head.input(x, battery)?;
             let x = head.framed(&x);
             let d = head.decide_framed(&x, temperature, u);

@@ -188,6 +188,12 @@ impl HeadConfig {
         (term_width > 0 && self.term_scale > 0.0).then_some((term_width, self.term_scale as f32))
     }
 
+    /// Whether the terms the head reads depend on its train split (a term filter or a
+    /// vocabulary, `rl::head::reads`).
+    pub fn reads_train_terms(&self) -> bool {
+        self.term_frameworks >= 2 || self.vocabulary_min_df > 0
+    }
+
     /// Whether the head reads the digests' terms at all (hashed or by a vocabulary).
     pub fn reads_terms(&self) -> bool {
         self.terms > 0 || self.vocabulary_min_df > 0

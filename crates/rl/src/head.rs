@@ -48,11 +48,7 @@ pub fn features(
     let mut pm = shared.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = Vec::with_capacity(batteries.len());
     for (i, b) in batteries.iter().enumerate() {
-        let x = if reads.states {
-            reader.features(&mut pm, b)?
-        } else {
-            Vec::new()
-        };
+        let x = reader.features_for(&mut pm, b, reads)?;
         out.push(decision::head_input(x, b, reads));
         progress(i + 1);
     }
@@ -99,10 +95,19 @@ pub fn reads(config: &HeadConfig, train: &[Labelled], batteries: &[Vec<ProbeResu
         linear::Vocabulary::fit(&docs, config.vocabulary_min_df)
     });
     HeadReads {
-        states: config.states,
-        terms: config.terms,
         term_filter,
         vocabulary,
+        ..base_reads(config)
+    }
+}
+
+/// How a head configured by `config` reads a trace before any train split decides its terms:
+/// what [`reads`] gives when `config` neither filters the terms nor counts them by a
+/// vocabulary ([`HeadConfig::reads_train_terms`]).
+pub fn base_reads(config: &HeadConfig) -> HeadReads {
+    HeadReads {
+        states: config.states,
+        ..HeadReads::hashed(config.terms, None)
     }
 }
 

@@ -396,13 +396,9 @@ impl Trained {
         let mut out = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
             let battery = detect::probes::run_battery(&sql, id);
-            let x = if head.reads.states {
-                reader
-                    .features(&mut pm, &battery)
-                    .with_context(|| format!("reading trace {id}"))?
-            } else {
-                Vec::new()
-            };
+            let x = reader
+                .features_for(&mut pm, &battery, &head.reads)
+                .with_context(|| format!("reading trace {id}"))?;
             let x = head
                 .input(x, &battery)
                 .map_err(|e| anyhow::anyhow!("trace {id}: {e}"))?;

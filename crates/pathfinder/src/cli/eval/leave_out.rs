@@ -510,10 +510,7 @@ impl<'a> Fitted<'a> {
                 let model_features: HashMap<_, _> = ids().zip(x).collect();
                 // Every term hashed; a fold whose head filters the terms or counts them by a
                 // vocabulary of its train split reads them again.
-                let reads = policy::decision::HeadReads {
-                    states: config.head.states,
-                    ..policy::decision::HeadReads::hashed(config.head.terms, None)
-                };
+                let reads = rl::head::base_reads(&config.head);
                 let features = head_inputs(&model_features, &batteries, &reads);
                 Ok(Fitted::WarmStart {
                     batteries,
@@ -584,14 +581,17 @@ impl<'a> Fitted<'a> {
             } => {
                 // The terms this fold's head may read, and its vocabulary, come from the
                 // frameworks it trains on.
-                let b: Vec<_> = train
-                    .iter()
-                    .map(|t| batteries[&t.trace_id].clone())
-                    .collect();
-                let reads = rl::head::reads(&config.head, train, &b);
-                if reads.term_filter.is_some() || reads.vocabulary.is_some() {
+                let reads = if config.head.reads_train_terms() {
+                    let b: Vec<_> = train
+                        .iter()
+                        .map(|t| batteries[&t.trace_id].clone())
+                        .collect();
+                    let reads = rl::head::reads(&config.head, train, &b);
                     *features = head_inputs(model_features, batteries, &reads);
-                }
+                    reads
+                } else {
+                    rl::head::base_reads(&config.head)
+                };
                 let x: Vec<Vec<f32>> = train
                     .iter()
                     .map(|t| features[&t.trace_id].clone())
