@@ -370,6 +370,11 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
             lo <= p["type_difference"]["value"].as_f64().unwrap() && lo <= hi,
             "{p}"
         );
+        // The category named, paired over the same deficient traces.
+        assert_eq!(
+            p["category_difference"]["n"], p["type_difference"]["n"],
+            "{p}"
+        );
     }
 
     // The same head framed: each framework read relative to its own traces' median, and the

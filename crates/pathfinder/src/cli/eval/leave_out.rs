@@ -129,6 +129,8 @@ pub struct Paired {
     pub against: String,
     #[serde(flatten)]
     pub difference: metrics::PairedDifference,
+    /// Category named (1) or not (0), `detector − against`, over the deficient traces.
+    pub category_difference: Option<Estimate>,
 }
 
 /// A detector's mean over the frameworks left out (each framework weighs the same).
@@ -386,6 +388,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
             detector: name.clone(),
             against: detectors[0].0.clone(),
             difference: metrics::paired_difference(&left_out_cases[0], cases, &bootstrap),
+            category_difference: paired_category(&left_out_cases[0], cases, &catalog, &bootstrap),
         })
         .collect();
     let report = Report {
@@ -887,6 +890,7 @@ fn fit_head(
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
     }
     head.frames = frames;
+    rl::head::decide_by(&mut head, h.decide_by)?;
     Ok(head)
 }
 
@@ -896,20 +900,41 @@ fn category_detection(
     catalog: &taxonomy::Catalog,
     b: &Bootstrap,
 ) -> Option<Estimate> {
-    let category = |id: &str| catalog.get(id).map(|d| d.category.to_string());
     let hits: Vec<bool> = cases
         .iter()
         .filter(|c| !metrics::healthy(c))
-        .map(|c| {
-            let truth = category(c.truth.id());
-            let named = c
-                .predicted
-                .as_ref()
-                .and_then(|p| p.deficiency_id().and_then(category));
-            truth.is_some() && truth == named
-        })
+        .map(|c| category_named(c, catalog))
         .collect();
     bootstrap::proportion(&hits, b)
+}
+
+/// Whether a case's answer names a type of its labelled type's category.
+fn category_named(c: &Case, catalog: &taxonomy::Catalog) -> bool {
+    let category = |id: &str| catalog.get(id).map(|d| d.category.to_string());
+    let truth = category(c.truth.id());
+    let named = c
+        .predicted
+        .as_ref()
+        .and_then(|p| p.deficiency_id().and_then(category));
+    truth.is_some() && truth == named
+}
+
+/// Category named (1) or not (0), `other − base`, over the deficient traces both scored.
+fn paired_category(
+    base: &[Case],
+    other: &[Case],
+    catalog: &taxonomy::Catalog,
+    b: &Bootstrap,
+) -> Option<Estimate> {
+    let by_id: BTreeMap<&str, &Case> = base.iter().map(|c| (c.trace_id.as_str(), c)).collect();
+    let one = |c: &Case| f64::from(u8::from(category_named(c, catalog)));
+    let differences: Vec<f64> = other
+        .iter()
+        .filter_map(|o| Some((*by_id.get(o.trace_id.as_str())?, o)))
+        .filter(|(b, _)| !metrics::healthy(b))
+        .map(|(b, o)| one(o) - one(b))
+        .collect();
+    bootstrap::mean(&differences, b)
 }
 
 fn means(rows: &[Row], detectors: &[(String, Kind)]) -> Vec<Mean> {
@@ -1022,7 +1047,7 @@ fn markdown(r: &Report) -> String {
         ));
     }
     if !r.paired.is_empty() {
-        s.push_str("\nPaired on the same left-out traces, pooled over the frameworks (differences in points, 95% bootstrap intervals):\n\n| detector | against | type named | deficient traces won / lost | false positives |\n|---|---|---|---|---|\n");
+        s.push_str("\nPaired on the same left-out traces, pooled over the frameworks (differences in points, 95% bootstrap intervals):\n\n| detector | against | type named | deficient traces won / lost | category named | false positives |\n|---|---|---|---|---|---|\n");
         let points = |e: &Option<Estimate>| {
             e.as_ref().map_or("–".into(), |e| {
                 format!(
@@ -1036,12 +1061,13 @@ fn markdown(r: &Report) -> String {
         };
         for p in &r.paired {
             s.push_str(&format!(
-                "| {} | {} | {} | {} / {} | {} |\n",
+                "| {} | {} | {} | {} / {} | {} | {} |\n",
                 p.detector,
                 p.against,
                 points(&p.difference.type_difference),
                 p.difference.won,
                 p.difference.lost,
+                points(&p.category_difference),
                 points(&p.difference.false_positive_difference)
             ));
         }
