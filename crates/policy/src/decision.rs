@@ -397,11 +397,6 @@ pub struct DecisionHead {
     /// applied before everything else, sampled decisions included.
     #[serde(skip)]
     pub frame: Option<Frame>,
-    /// Each type's category, in [`DecisionHead::types`]' order, when a greedy decision that
-    /// names a deficiency chooses the category first ([`DecisionHead::greedy`]); empty: the
-    /// likeliest type. Saved with the head (absent from older heads, which load unchanged).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub categories: Vec<String>,
 }
 
 /// The head's choice in its own terms: indices into [`DecisionHead::types`] and
@@ -461,12 +456,12 @@ impl DecisionHead {
         let type_index = match (&self.calibration, self.none_index()) {
             (Some(c), Some(none)) if temperature <= 0.0 => {
                 if c.flags(deficiency_score(&self.types, &lp)) {
-                    self.greedy(&lp)
+                    linear::argmax(&lp)
                 } else {
                     none
                 }
             }
-            _ if temperature <= 0.0 => self.greedy(&lp),
+            _ if temperature <= 0.0 => linear::argmax(&lp),
             _ => sample(&lp, temperature, u),
         };
         HeadChoice {
@@ -474,57 +469,6 @@ impl DecisionHead {
             component_index: self.component_for(type_index, features),
             type_log_probs: lp,
         }
-    }
-
-    /// The greedy choice over `log_probs`: the likeliest class, except that with
-    /// [`DecisionHead::categories`] set, a choice that names a deficiency takes the category
-    /// whose deficient types hold the most probability and then its likeliest type. Whether a
-    /// deficiency is named at all is the argmax's call either way (`none` against the rest),
-    /// so the false-positive rate does not move; a category is read from the evidence of all
-    /// its types, which several near-tied types of one category would otherwise split.
-    pub fn greedy(&self, log_probs: &[f32]) -> usize {
-        let best = linear::argmax(log_probs);
-        if self.categories.len() != self.types.len() || self.types[best] == NONE {
-            return best;
-        }
-        let mut mass: BTreeMap<&str, f64> = BTreeMap::new();
-        for (k, lp) in log_probs.iter().enumerate() {
-            if self.types[k] != NONE {
-                *mass.entry(self.categories[k].as_str()).or_default() += f64::from(lp.exp());
-            }
-        }
-        let Some(category) = mass
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)))
-            .map(|(c, _)| *c)
-        else {
-            return best;
-        };
-        (0..self.types.len())
-            .filter(|&k| self.types[k] != NONE && self.categories[k] == category)
-            .max_by(|&a, &b| log_probs[a].total_cmp(&log_probs[b]).then(b.cmp(&a)))
-            .unwrap_or(best)
-    }
-
-    /// Sets [`DecisionHead::categories`] from `category_of` (a type id's category), so that
-    /// greedy decisions choose the category first; `none` is its own category.
-    pub fn choose_category_first(
-        &mut self,
-        category_of: impl Fn(&str) -> Option<String>,
-    ) -> Result<()> {
-        self.categories = self
-            .types
-            .iter()
-            .map(|t| {
-                if t == NONE {
-                    Ok(NONE.to_string())
-                } else {
-                    category_of(t)
-                        .ok_or_else(|| PolicyError::Catalog(format!("type {t} has no category")))
-                }
-            })
-            .collect::<Result<_>>()?;
-        Ok(())
     }
 
     /// The component of an answer naming class `type_index`: the component head's argmax,
@@ -1066,7 +1010,6 @@ mod tests {
             calibration: None,
             frames: BTreeMap::new(),
             frame: None,
-            categories: Vec::new(),
         };
         let d = head.decide(&[0.0], 0.0, 0.0);
         assert_eq!(head.types[d.type_index], "P16");
@@ -1084,56 +1027,6 @@ mod tests {
     }
 
     #[test]
-    fn category_first_reads_a_category_from_all_its_types_and_leaves_none_alone() {
-        // p ∝ exp(bias): none 0.10, P1 0.25, P2 0.25 (one category), C8 0.40 (another).
-        let bias: Vec<f32> = [0.10f32, 0.25, 0.25, 0.40].iter().map(|p| p.ln()).collect();
-        let mut head = DecisionHead {
-            types: vec![NONE.into(), "P1".into(), "P2".into(), "C8".into()],
-            type_model: model(4, bias),
-            components: vec![NO_COMPONENT.into(), "llm_client.request".into()],
-            component_model: model(2, vec![0.0, 1.0]),
-            reads: HeadReads::default(),
-            healthy_mean: Vec::new(),
-            calibration: None,
-            frames: BTreeMap::new(),
-            frame: None,
-            categories: Vec::new(),
-        };
-        let named = |h: &DecisionHead| h.types[h.decide(&[0.0], 0.0, 0.0).type_index].clone();
-        assert_eq!(named(&head), "C8");
-        let category = |id: &str| match id {
-            "P1" | "P2" => Some("Model API Issues".to_string()),
-            "C8" => Some("Tool Design & Integration".to_string()),
-            _ => None,
-        };
-        head.choose_category_first(category).unwrap();
-        assert_eq!(head.categories[0], NONE);
-        // The category of P1 and P2 holds 0.50 against C8's 0.40; of the two, the first.
-        assert_eq!(named(&head), "P1");
-        // Sampling is untouched: the same distribution, whatever the decision rule.
-        let d = head.decide(&[0.0], 1.0, 0.999);
-        assert_eq!(head.types[d.type_index], "C8");
-        // `none` as the argmax stays `none`, though every category's mass beats it.
-        head.set_none_shift((0.50f32 / 0.10).ln());
-        assert_eq!(named(&head), NONE);
-        // A round trip keeps the rule; a head saved without it loads as a by-type head.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("head.json");
-        head.save(&path).unwrap();
-        assert_eq!(DecisionHead::load(&path).unwrap(), head);
-        head.categories.clear();
-        head.save(&path).unwrap();
-        assert!(!std::fs::read_to_string(&path)
-            .unwrap()
-            .contains("categories"));
-        // A type the catalog lacks is refused by name.
-        let mut unknown = head.clone();
-        unknown.types[3] = "X9".into();
-        let err = unknown.choose_category_first(category).unwrap_err();
-        assert!(err.to_string().contains("X9"), "{err}");
-    }
-
-    #[test]
     fn a_none_shift_moves_the_whole_distribution_towards_none() {
         let mut head = DecisionHead {
             types: vec!["P1".into(), NONE.into(), "C8".into()],
@@ -1145,7 +1038,6 @@ mod tests {
             calibration: None,
             frames: BTreeMap::new(),
             frame: None,
-            categories: Vec::new(),
         };
         assert_eq!(head.types[head.decide(&[0.0], 0.0, 0.0).type_index], "P1");
         head.set_none_shift(1.5);
@@ -1177,7 +1069,6 @@ mod tests {
             calibration: None,
             frames: BTreeMap::new(),
             frame: None,
-            categories: Vec::new(),
         };
         let named =
             |head: &DecisionHead| head.types[head.decide(&[0.0], 0.0, 0.0).type_index].clone();
@@ -1220,7 +1111,6 @@ mod tests {
             calibration: None,
             frames: BTreeMap::from([("ours".to_string(), frame.clone())]),
             frame: None,
-            categories: Vec::new(),
         };
         assert!(head.is_framed());
         head.set_frame(Some(frame)).unwrap();
@@ -1277,7 +1167,6 @@ mod tests {
                 ("c".to_string(), frame("c", 9.0)),
             ]),
             frame: None,
-            categories: Vec::new(),
         };
         let centre = |head: &DecisionHead, fw: Option<&str>| head.frame_for(fw).unwrap().centre;
         assert_eq!(centre(&head, Some("b")), vec![2.0]);
@@ -1330,7 +1219,6 @@ mod tests {
             calibration: None,
             frames: BTreeMap::new(),
             frame: None,
-            categories: Vec::new(),
         };
         let named = |head: &DecisionHead, x: f32| {
             head.types[head.decide(&[x], 0.0, 0.0).type_index].clone()

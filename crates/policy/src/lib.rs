@@ -76,9 +76,6 @@ pub enum PolicyError {
     /// A calibration that cannot be set (no healthy runs, a rate out of range).
     #[error("calibration: {0}")]
     Calibration(String),
-    /// A type the head names that the catalog does not know.
-    #[error("catalog: {0}")]
-    Catalog(String),
     /// A batch of investigations decoded together failed, or a row was used after leaving.
     #[error("batched decoding: {0}")]
     Batch(String),

@@ -75,7 +75,6 @@ fn a_fitted_head_decides_among_whole_options_and_answers_validly() {
         calibration: None,
         frames: Default::default(),
         frame: None,
-        categories: Vec::new(),
     };
     for (k, f) in x.iter().enumerate() {
         let d = head.decide(f, 0.0, 0.0);

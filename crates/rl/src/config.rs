@@ -112,19 +112,6 @@ pub enum FrameBy {
     Framework,
 }
 
-/// How the decision head's greedy answer picks the deficiency it names (`[head] decide_by`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DecideBy {
-    /// The likeliest type.
-    #[default]
-    Type,
-    /// The category whose types hold the most probability, then its likeliest type
-    /// (`policy::decision::DecisionHead::greedy`). Whether to name a deficiency at all is
-    /// decided as with `type`.
-    Category,
-}
-
 /// The decision head's fit (warm start) and its PPO updates (`decision = "head"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -192,10 +179,6 @@ pub struct HeadConfig {
     /// alone, and no model pass reads a trace (the frozen model's states carry less that
     /// transfers to a framework left out than the digests' words; BENCHMARKS.md).
     pub states: bool,
-    /// `category`: a greedy answer naming a deficiency takes the category with the most
-    /// probability over its types first, then that category's likeliest type; `type`: the
-    /// likeliest type. Sampled decisions (PPO) draw from the same distribution either way.
-    pub decide_by: DecideBy,
 }
 
 impl HeadConfig {
@@ -236,7 +219,6 @@ impl Default for HeadConfig {
             term_frameworks: 0,
             vocabulary_min_df: 0,
             states: true,
-            decide_by: DecideBy::Type,
         }
     }
 }
@@ -1007,7 +989,6 @@ mod tests {
                 "[detector]\ndecision = \"head\"\n[eval]\ncorpus = \"c\"\n[head]\nstates = false\n",
                 "head.states",
             ),
-            ("[head]\ndecide_by = \"component\"\n", "decide_by"),
         ] {
             let e = RunConfig::parse(&format!("{MINIMAL}{extra}"), Path::new("z.toml"))
                 .unwrap_err()

@@ -30,7 +30,7 @@ use policy::frame::Frame;
 use policy::SharedModel;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{DecideBy, FoldsBy, FrameBy, HeadConfig, ReviewOptimizer, ReviewWeighting};
+use crate::config::{FoldsBy, FrameBy, HeadConfig, ReviewOptimizer, ReviewWeighting};
 use crate::ppo::group_advantages;
 use crate::{Result, RlError};
 
@@ -164,7 +164,6 @@ pub fn fit(
         calibration: None,
         frames: Default::default(),
         frame: None,
-        categories: Vec::new(),
     })
 }
 
@@ -187,20 +186,6 @@ pub fn frames(train: &[Labelled], x: &[Vec<f32>]) -> Result<BTreeMap<String, Fra
                 .map_err(|e| RlError::Sample(format!("framing the head's input: {e}")))
         })
         .collect()
-}
-
-/// Sets how `head`'s greedy answers pick a deficiency (`[head] decide_by`): by category
-/// first, the categories read from the embedded catalog; by type, as fitted.
-pub fn decide_by(head: &mut DecisionHead, by: DecideBy) -> Result<()> {
-    match by {
-        DecideBy::Type => head.categories.clear(),
-        DecideBy::Category => {
-            let catalog = taxonomy::Catalog::embedded()
-                .map_err(|e| RlError::Model(format!("the catalog: {e}")))?;
-            head.choose_category_first(|id| catalog.get(id).map(|d| d.category.to_string()))?;
-        }
-    }
-    Ok(())
 }
 
 /// A fit's frames by framework and its inputs as read through them.
@@ -921,29 +906,6 @@ mod tests {
             truth: eval::metrics::Truth::deficiency(ty),
             agent: None,
         }
-    }
-
-    #[test]
-    fn deciding_by_category_reads_each_types_category_from_the_catalog() {
-        let train: Vec<Labelled> = ["P1", "C8", "none", "P1"].map(labelled).to_vec();
-        let x: Vec<Vec<f32>> = (0..4).map(|i| vec![i as f32]).collect();
-        let options = FitOptions {
-            log_every: 0,
-            max_epochs: 5,
-            ..FitOptions::default()
-        };
-        let mut head = fit(&train, &x, None, HeadReads::default(), &options, |_| {}).unwrap();
-        assert!(head.categories.is_empty());
-        decide_by(&mut head, DecideBy::Category).unwrap();
-        let catalog = taxonomy::Catalog::embedded().unwrap();
-        for (t, c) in head.types.iter().zip(&head.categories) {
-            match catalog.get(t) {
-                Some(d) => assert_eq!(c, &d.category.to_string()),
-                None => assert_eq!((t.as_str(), c.as_str()), ("none", "none")),
-            }
-        }
-        decide_by(&mut head, DecideBy::Type).unwrap();
-        assert!(head.categories.is_empty());
     }
 
     #[test]

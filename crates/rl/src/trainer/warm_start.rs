@@ -193,7 +193,6 @@ impl Trainer {
             );
         }
         fitted.frames = frames;
-        head::decide_by(&mut fitted, self.config.head.decide_by)?;
         self.replay = train.traces.into_iter().zip(train_x).collect();
         self.heads = Some((fitted.clone(), fitted));
         if self.config.head.none_target > 0.0 {

@@ -890,7 +890,6 @@ fn fit_head(
         head.set_none_shift(rl::head::none_shift(&read, h.none_target).shift);
     }
     head.frames = frames;
-    rl::head::decide_by(&mut head, h.decide_by)?;
     Ok(head)
 }
 
