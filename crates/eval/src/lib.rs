@@ -8,6 +8,8 @@
 //! - [`store_eval`]: runs a Detector policy over every labelled trace of a store (or a split).
 //! - [`classifier`]: the non-LM reference, a linear reader of the probe digests fitted on a
 //!   train split.
+//! - [`nearest`]: the second non-LM reference, the k train traces whose digests are most
+//!   similar vote on the answer.
 //! - [`chatlog`]: imports a directory of chat logs into a temporary store and runs the
 //!   first-error blame baseline on each.
 //! - [`report`]: the Markdown report.
@@ -21,6 +23,7 @@ pub mod chatlog;
 pub mod classifier;
 mod error;
 pub mod metrics;
+pub mod nearest;
 pub mod report;
 pub mod store_eval;
 

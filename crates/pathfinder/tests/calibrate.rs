@@ -324,7 +324,7 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
             .arg(&train)
             .args(["--leave-out", "all", "--json", "--detector"])
             .arg(format!(
-                "keyword,classifier,warm-start:{}",
+                "keyword,classifier,nearest:k=3,warm-start:{}",
                 config.display()
             ))
             .arg("--feature-cache")
@@ -335,8 +335,8 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
     );
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    // Two frameworks by three detectors.
-    assert_eq!(rows.len(), 6, "{stdout}");
+    // Two frameworks by four detectors.
+    assert_eq!(rows.len(), 8, "{stdout}");
     let train_ids = split_ids(&db, "train").len();
     for row in rows {
         let fitted = row["detector"] != "keyword";
@@ -354,11 +354,11 @@ fn leave_out_scores_each_framework_with_detectors_fitted_without_it() {
             "{row}"
         );
     }
-    assert_eq!(report["means"].as_array().unwrap().len(), 3);
+    assert_eq!(report["means"].as_array().unwrap().len(), 4);
     assert!(rows.iter().all(|r| r.get("frame").is_none()), "{stdout}");
     // The later detectors against the first, on the same left-out traces.
     let paired = report["paired"].as_array().unwrap();
-    assert_eq!(paired.len(), 2, "{stdout}");
+    assert_eq!(paired.len(), 3, "{stdout}");
     for p in paired {
         assert_eq!(p["against"], "keyword", "{p}");
         assert!(p["type_difference"]["n"].as_u64().unwrap() > 0, "{p}");

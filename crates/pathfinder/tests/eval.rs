@@ -528,3 +528,80 @@ fn a_label_file_scores_a_store_without_labels_and_names_what_it_lacks() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("never-imported"), "{err}");
 }
+
+#[test]
+fn the_two_references_read_a_train_split_and_refuse_a_bad_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("traces.db");
+    let labels = detect::synthetic::build_store(&db, 3).unwrap();
+    // Two seeds of every scenario to read, the third to score.
+    let (mut train, mut test) = (String::new(), String::new());
+    for (i, (id, _)) in labels.iter().enumerate() {
+        let line = format!("{{\"trace_id\": \"{id}\"}}\n");
+        if i % 3 == 2 {
+            test.push_str(&line);
+        } else {
+            train.push_str(&line);
+        }
+    }
+    let (train_path, test_path) = (
+        dir.path().join("train.jsonl"),
+        dir.path().join("test.jsonl"),
+    );
+    std::fs::write(&train_path, train).unwrap();
+    std::fs::write(&test_path, test).unwrap();
+    let out = dir.path().join("report");
+    run_ok(
+        &[
+            "eval",
+            "--detector",
+            "classifier,nearest:k=1",
+            "--resamples",
+            "50",
+        ],
+        &[
+            ("--db", &db),
+            ("--split", &test_path),
+            ("--train-split", &train_path),
+            ("--out", &out),
+        ],
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    let nearest = runs
+        .iter()
+        .find(|r| r["detector"] == "nearest:k=1")
+        .unwrap();
+    assert_eq!(
+        nearest["summary"]["traces"].as_u64().unwrap() * 3,
+        labels.len() as u64
+    );
+    assert!(figure(nearest, "detection") >= 0.8, "{nearest:#}");
+
+    // A train split that overlaps the scored one would score traces the reference read.
+    let out = pathfinder()
+        .args(["eval", "--detector", "nearest", "--db"])
+        .arg(&db)
+        .arg("--split")
+        .arg(&train_path)
+        .arg("--train-split")
+        .arg(&train_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("in both"),
+        "{stderr}"
+    );
+    let out = pathfinder()
+        .args(["eval", "--detector", "nearest:k=0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("nearest:k=K"),
+        "{stderr}"
+    );
+}

@@ -51,7 +51,7 @@ pub struct EvalArgs {
     /// when it has one]. The report names the calibration each checkpoint decided by.
     #[arg(long, requires = "db", value_name = "FILE|none")]
     pub calibration: Option<PathBuf>,
-    /// Leave one framework out: each detector that learns (classifier, warm-start:CONFIG) is
+    /// Leave one framework out: each detector that learns (classifier, nearest, warm-start:CONFIG) is
     /// fitted on --train-split without this framework's traces and scored on all of them, with
     /// its in-distribution figure (the other frameworks' held-out traces) beside it. `all`
     /// leaves out each framework of the store in turn. A trace's framework is the agent its
@@ -97,7 +97,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     pub chatlog: Option<PathBuf>,
     /// keyword, expert, classifier (a linear reader of the probe digests, fitted on
-    /// --train-split), zero-shot, rag or checkpoint:DIR (a training run's
+    /// --train-split), nearest or nearest:k=K (the K = 5 train traces with the most similar
+    /// digests vote), zero-shot, rag or checkpoint:DIR (a training run's
     /// checkpoints/RUN/step-N) for --db; a comma-separated list compares them side by side, e.g.
     /// keyword,expert,zero-shot,rag. For --chatlog: first-error (a heuristic without tools),
     /// expert (its blame probes over each log), zero-shot or checkpoint:DIR (the model chooses
@@ -105,7 +106,7 @@ pub struct EvalArgs {
     /// first. Defaults to expert / first-error.
     #[arg(long)]
     pub detector: Option<String>,
-    /// The classifier detector's training traces (a split file of the same store) [default:
+    /// The classifier and nearest detectors' training traces (a split file of the same store) [default:
     /// train.jsonl beside --split].
     #[arg(long, requires = "db", value_name = "FILE")]
     pub train_split: Option<PathBuf>,
@@ -289,45 +290,7 @@ fn fit_classifier(
     args: &EvalArgs,
     catalog: &taxonomy::Catalog,
 ) -> Result<::eval::classifier::Classifier> {
-    let path = match (&args.train_split, &args.split) {
-        (Some(p), _) => p.clone(),
-        (None, Some(split)) => split.with_file_name("train.jsonl"),
-        (None, None) => bail!(
-            "the classifier detector is fitted on a train split: pass --train-split FILE (or --split, with train.jsonl beside it)"
-        ),
-    };
-    let ids = store_eval::read_split(&path)?;
-    let train = match &args.labels {
-        Some(labels) => {
-            let read = store_eval::read_labels(labels, db, catalog, Some(&ids))
-                .with_context(|| format!("the classifier's train split {}", path.display()))?;
-            if let Some(id) = read.unknown.first() {
-                bail!(
-                    "the classifier's train split {} names trace {id}, which {} labels but the store lacks",
-                    path.display(),
-                    labels.display()
-                );
-            }
-            read.traces
-        }
-        None => store_eval::labelled_traces(db, Some(&ids))
-            .with_context(|| format!("the classifier's train split {}", path.display()))?,
-    };
-    if let Some(only) = args
-        .split
-        .as_deref()
-        .map(store_eval::read_split)
-        .transpose()?
-    {
-        if let Some(t) = train.iter().find(|t| only.contains(&t.trace_id)) {
-            bail!(
-                "trace {} is in both the train split {} and the evaluated split: the classifier would be scored on traces it was fitted on",
-                t.trace_id,
-                path.display()
-            );
-        }
-    }
-    let batteries = ::eval::classifier::battery(db, &train)?;
+    let (train, batteries) = train_split(db, args, catalog)?;
     let fitted = ::eval::classifier::Classifier::fit(&train, &batteries, None, |_| {})?;
     if let Some(last) = fitted.log.last() {
         tracing::info!(
@@ -339,6 +302,58 @@ fn fit_classifier(
         );
     }
     Ok(fitted)
+}
+
+/// The traces of `--train-split` (or `train.jsonl` beside `--split`) that the fitted
+/// references read, with their probe batteries; refused when they overlap the evaluated split.
+fn train_split(
+    db: &Path,
+    args: &EvalArgs,
+    catalog: &taxonomy::Catalog,
+) -> Result<(
+    Vec<::eval::store_eval::Labelled>,
+    Vec<Vec<detect::probes::ProbeResult>>,
+)> {
+    let path = match (&args.train_split, &args.split) {
+        (Some(p), _) => p.clone(),
+        (None, Some(split)) => split.with_file_name("train.jsonl"),
+        (None, None) => bail!(
+            "the classifier and nearest detectors read a train split: pass --train-split FILE (or --split, with train.jsonl beside it)"
+        ),
+    };
+    let ids = store_eval::read_split(&path)?;
+    let train = match &args.labels {
+        Some(labels) => {
+            let read = store_eval::read_labels(labels, db, catalog, Some(&ids))
+                .with_context(|| format!("the train split {}", path.display()))?;
+            if let Some(id) = read.unknown.first() {
+                bail!(
+                    "the train split {} names trace {id}, which {} labels but the store lacks",
+                    path.display(),
+                    labels.display()
+                );
+            }
+            read.traces
+        }
+        None => store_eval::labelled_traces(db, Some(&ids))
+            .with_context(|| format!("the train split {}", path.display()))?,
+    };
+    if let Some(only) = args
+        .split
+        .as_deref()
+        .map(store_eval::read_split)
+        .transpose()?
+    {
+        if let Some(t) = train.iter().find(|t| only.contains(&t.trace_id)) {
+            bail!(
+                "trace {} is in both the train split {} and the evaluated split: a reference would be scored on traces it was fitted on",
+                t.trace_id,
+                path.display()
+            );
+        }
+    }
+    let batteries = ::eval::classifier::battery(db, &train)?;
+    Ok((train, batteries))
 }
 
 /// The comma-separated `--detector` list, or `default`.
@@ -378,8 +393,12 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
     if args.embedder.is_some() && !named.contains(&Named::Rag) {
         bail!("--embedder names the rag baseline's embedder; no rag detector was asked for");
     }
-    if args.train_split.is_some() && !named.contains(&Named::Classifier) {
-        bail!("--train-split names the classifier detector's training traces; no classifier was asked for");
+    if args.train_split.is_some()
+        && !named
+            .iter()
+            .any(|n| matches!(n, Named::Classifier | Named::Nearest(_)))
+    {
+        bail!("--train-split names the classifier and nearest detectors' training traces; neither was asked for");
     }
     // Fail before the long runs, not after them.
     for n in &named {
@@ -543,6 +562,24 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                         )
                         .map_err(anyhow::Error::from)
                     })
+                }
+                Named::Nearest(k) => {
+                    bar.set_message(format!("{detector}: reading the train split"));
+                    train_split(db, args, &catalog)
+                        .and_then(|(train, batteries)| {
+                            Ok(::eval::nearest::Nearest::fit(&train, &batteries, *k)?)
+                        })
+                        .and_then(|n| {
+                            let n = std::sync::Arc::new(n);
+                            store_eval::run_policies_transcribed(
+                                db,
+                                &traces,
+                                detect::Config::default(),
+                                |_| Ok(n.policy()),
+                                transcribed,
+                            )
+                            .map_err(anyhow::Error::from)
+                        })
                 }
                 Named::Checkpoint(dir) => {
                     bar.set_message(format!("{detector}: loading the checkpoint"));

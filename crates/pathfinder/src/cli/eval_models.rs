@@ -22,6 +22,8 @@ pub enum Named {
     Rag,
     /// `classifier`: the linear reader of the probe digests, fitted on the train split.
     Classifier,
+    /// `nearest` / `nearest:k=K`: the K train traces with the most similar digests vote.
+    Nearest(usize),
     /// `checkpoint:DIR`, DIR a training run's `step-N` directory.
     Checkpoint(PathBuf),
 }
@@ -34,13 +36,20 @@ impl Named {
             }
             return Ok(Named::Checkpoint(PathBuf::from(dir)));
         }
+        if let Some(k) = name.strip_prefix("nearest:k=") {
+            let k = k.parse().ok().filter(|k| *k >= 1).with_context(|| {
+                format!("detector `{name}`: expected nearest:k=K with K a count of neighbours (1 or more)")
+            })?;
+            return Ok(Named::Nearest(k));
+        }
         match name {
+            "nearest" => Ok(Named::Nearest(::eval::nearest::DEFAULT_K)),
             "zero-shot" => Ok(Named::ZeroShot),
             "rag" => Ok(Named::Rag),
             "classifier" => Ok(Named::Classifier),
             n if store_eval::DETECTORS.contains(&n) => Ok(Named::Builtin(n.into())),
             n => bail!(
-                "unknown detector `{n}` for --db; expected {}, classifier, zero-shot, rag or checkpoint:DIR",
+                "unknown detector `{n}` for --db; expected {}, classifier, nearest, nearest:k=K, zero-shot, rag or checkpoint:DIR",
                 store_eval::DETECTORS.join(", ")
             ),
         }

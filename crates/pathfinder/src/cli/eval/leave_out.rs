@@ -6,7 +6,8 @@
 //! A trace's framework is the agent its label says produced it (the corpus records it); a
 //! store whose labels name none cannot be split this way. Detectors: `keyword` and `expert`
 //! (nothing to fit; run once per trace), `classifier` (the linear reader of the probe
-//! digests) and `warm-start:CONFIG` (the decision head of a run configuration's warm start,
+//! digests), `nearest` (the train traces with the most similar digests vote) and
+//! `warm-start:CONFIG` (the decision head of a run configuration's warm start,
 //! fitted as `pathfinder train` fits it, on the frozen model's features of each trace, read
 //! once and cached).
 
@@ -35,6 +36,10 @@ enum Kind {
     Classifier {
         terms_in: usize,
     },
+    /// The k train traces with the most similar digests vote (`nearest`, `nearest:k=K`).
+    Nearest {
+        k: usize,
+    },
     WarmStart(PathBuf),
 }
 
@@ -54,11 +59,20 @@ impl Kind {
             })?;
             return Ok(Kind::Classifier { terms_in });
         }
+        if let Some(k) = name.strip_prefix("nearest:k=") {
+            let k = k.parse().ok().filter(|k| *k >= 1).with_context(|| {
+                format!("detector `{name}`: expected nearest:k=K with K a count of neighbours (1 or more)")
+            })?;
+            return Ok(Kind::Nearest { k });
+        }
         match name {
             "classifier" => Ok(Kind::Classifier { terms_in: 1 }),
+            "nearest" => Ok(Kind::Nearest {
+                k: ::eval::nearest::DEFAULT_K,
+            }),
             n if store_eval::DETECTORS.contains(&n) => Ok(Kind::Builtin(n.into())),
             n => bail!(
-                "detector `{n}` cannot be scored with --leave-out: expected {}, classifier, classifier:frameworks=K or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
+                "detector `{n}` cannot be scored with --leave-out: expected {}, classifier, classifier:frameworks=K, nearest, nearest:k=K or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
                 store_eval::DETECTORS.join(", ")
             ),
         }
@@ -255,7 +269,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                     features,
                     ..
                 } => write_head_inputs(path, read, batteries, Some(features))?,
-                Fitted::Classifier { batteries, .. } => {
+                Fitted::Classifier { batteries, .. } | Fitted::Nearest { batteries, .. } => {
                     write_head_inputs(path, read, batteries, None)?
                 }
                 Fitted::Builtin { .. } => {}
@@ -415,6 +429,10 @@ enum Fitted<'a> {
         terms_in: usize,
         batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
     },
+    Nearest {
+        k: usize,
+        batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
+    },
     WarmStart {
         /// The probe battery's digests of every trace (what the features were read from).
         batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
@@ -459,6 +477,17 @@ impl<'a> Fitted<'a> {
                 let batteries = ::eval::classifier::battery(db, &everything)?;
                 Ok(Fitted::Classifier {
                     terms_in: *terms_in,
+                    batteries: everything
+                        .iter()
+                        .map(|t| t.trace_id.clone())
+                        .zip(batteries)
+                        .collect(),
+                })
+            }
+            Kind::Nearest { k } => {
+                let batteries = ::eval::classifier::battery(db, &everything)?;
+                Ok(Fitted::Nearest {
+                    k: *k,
                     batteries: everything
                         .iter()
                         .map(|t| t.trace_id.clone())
@@ -568,6 +597,23 @@ impl<'a> Fitted<'a> {
                     scored,
                     detect::Config::default(),
                     |_| Ok(c.policy()),
+                    |_, _| bar.inc(1),
+                )?;
+                bar.finish_and_clear();
+                Ok(cases)
+            }
+            Fitted::Nearest { k, batteries } => {
+                let b: Vec<_> = train
+                    .iter()
+                    .map(|t| batteries[&t.trace_id].clone())
+                    .collect();
+                let n = Arc::new(::eval::nearest::Nearest::fit(train, &b, *k)?);
+                let bar = progress(scored.len(), &format!("nearest without {framework}"));
+                let cases = store_eval::run_policies_transcribed(
+                    db,
+                    scored,
+                    detect::Config::default(),
+                    |_| Ok(n.policy()),
                     |_, _| bar.inc(1),
                 )?;
                 bar.finish_and_clear();
