@@ -209,33 +209,41 @@ impl Classifier {
     }
 }
 
+/// A synthetic store split for the references' tests: two seeds of every scenario to fit on,
+/// the third held out.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store_eval::labelled_traces;
+pub(crate) struct SyntheticSplit {
+    _dir: tempfile::TempDir,
+    pub db: std::path::PathBuf,
+    pub train: Vec<Labelled>,
+    pub test: Vec<Labelled>,
+}
 
-    #[test]
-    fn the_classifier_learns_planted_signatures_and_answers_through_the_battery() {
+#[cfg(test)]
+impl SyntheticSplit {
+    pub(crate) fn new() -> SyntheticSplit {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("s.sqlite");
         detect::synthetic::build_store(&db, 3).unwrap();
-        let all = labelled_traces(&db, None).unwrap();
-        // Train on two seeds of every scenario, test on the third.
-        let (test, train): (Vec<_>, Vec<_>) = all
-            .iter()
-            .cloned()
-            .enumerate()
-            .partition(|(i, _)| i % 3 == 2);
-        let train: Vec<Labelled> = train.into_iter().map(|(_, t)| t).collect();
-        let test: Vec<Labelled> = test.into_iter().map(|(_, t)| t).collect();
-        let tb = battery(&db, &train).unwrap();
-        let classifier = Arc::new(Classifier::fit(&train, &tb, None, |_| {}).unwrap());
-        assert!(classifier.log.last().unwrap().train_top1 > 0.9);
+        let all = crate::store_eval::labelled_traces(&db, None).unwrap();
+        let (test, train): (Vec<_>, Vec<_>) =
+            all.into_iter().enumerate().partition(|(i, _)| i % 3 == 2);
+        SyntheticSplit {
+            _dir: dir,
+            db,
+            train: train.into_iter().map(|(_, t)| t).collect(),
+            test: test.into_iter().map(|(_, t)| t).collect(),
+        }
+    }
+
+    /// Scores `policy` on the held-out third: at least 80% named, and every probe run as a
+    /// real SQL call before the answer.
+    pub(crate) fn assert_named(&self, policy: impl Fn() -> Box<dyn detect::Policy> + Sync) {
         let cases = crate::store_eval::run_policies(
-            &db,
-            &test,
+            &self.db,
+            &self.test,
             detect::Config::default(),
-            |_| Ok(classifier.policy()),
+            |_| Ok(policy()),
             |_| {},
         )
         .unwrap();
@@ -245,7 +253,20 @@ mod tests {
             "{right}/{} held-out synthetic traces",
             cases.len()
         );
-        // Every probe ran as a real SQL call before the answer.
         assert!(cases.iter().all(|c| c.tool_calls == probes::LIBRARY.len()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_classifier_learns_planted_signatures_and_answers_through_the_battery() {
+        let split = SyntheticSplit::new();
+        let tb = battery(&split.db, &split.train).unwrap();
+        let classifier = Arc::new(Classifier::fit(&split.train, &tb, None, |_| {}).unwrap());
+        assert!(classifier.log.last().unwrap().train_top1 > 0.9);
+        split.assert_named(|| classifier.policy());
     }
 }

@@ -161,7 +161,6 @@ impl Nearest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store_eval::labelled_traces;
 
     fn battery(digest: &str) -> Vec<ProbeResult> {
         vec![ProbeResult {
@@ -230,33 +229,9 @@ mod tests {
 
     #[test]
     fn the_nearest_reader_names_held_out_synthetic_traces_through_the_battery() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("s.sqlite");
-        detect::synthetic::build_store(&db, 3).unwrap();
-        let all = labelled_traces(&db, None).unwrap();
-        let (test, train): (Vec<_>, Vec<_>) = all
-            .iter()
-            .cloned()
-            .enumerate()
-            .partition(|(i, _)| i % 3 == 2);
-        let train: Vec<Labelled> = train.into_iter().map(|(_, t)| t).collect();
-        let test: Vec<Labelled> = test.into_iter().map(|(_, t)| t).collect();
-        let tb = crate::classifier::battery(&db, &train).unwrap();
-        let nearest = Arc::new(Nearest::fit(&train, &tb, 1).unwrap());
-        let cases = crate::store_eval::run_policies(
-            &db,
-            &test,
-            detect::Config::default(),
-            |_| Ok(nearest.policy()),
-            |_| {},
-        )
-        .unwrap();
-        let right = cases.iter().filter(|c| crate::metrics::detected(c)).count();
-        assert!(
-            right * 10 >= cases.len() * 8,
-            "{right}/{} held-out synthetic traces",
-            cases.len()
-        );
-        assert!(cases.iter().all(|c| c.tool_calls == probes::LIBRARY.len()));
+        let split = crate::classifier::SyntheticSplit::new();
+        let tb = crate::classifier::battery(&split.db, &split.train).unwrap();
+        let nearest = Arc::new(Nearest::fit(&split.train, &tb, 1).unwrap());
+        split.assert_named(|| nearest.policy());
     }
 }
