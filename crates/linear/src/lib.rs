@@ -547,6 +547,48 @@ pub fn argmax(v: &[f32]) -> usize {
     best
 }
 
+/// `options.max_epochs` of the fit's Adam steps in their plain dense form — every input
+/// standardised in full by `scale`'s statistics, W·z and g ⊗ z over every column, no early stop —
+/// from zero weights: the reference [`Softmax::fit`]'s sums over non-zeros are tested and
+/// benchmarked against (`benches/fit.rs`). Not for fitting.
+#[doc(hidden)]
+pub fn dense_fit(
+    x: &[Vec<f32>],
+    y: &[usize],
+    classes: usize,
+    options: &FitOptions,
+    scale: &Softmax,
+) -> Softmax {
+    let (n, dim) = (x.len(), x[0].len());
+    let mut model = Softmax {
+        weight: vec![0.0; classes * dim],
+        bias: vec![0.0; classes],
+        ..scale.clone()
+    };
+    let z: Vec<Vec<f32>> = x.iter().map(|v| model.standardised(v)).collect();
+    let (mut adam_w, mut adam_b) = (Adam::new(classes * dim), Adam::new(classes));
+    for _ in 0..options.max_epochs {
+        let mut gw = vec![0f32; classes * dim];
+        let mut gb = vec![0f32; classes];
+        for (zi, &yi) in z.iter().zip(y) {
+            let mut lp = model.fitted_logits_z(zi);
+            log_softmax(&mut lp);
+            for k in 0..classes {
+                let g = (lp[k].exp() - f32::from(k == yi)) / n as f32;
+                gb[k] += g;
+                let row = &mut gw[k * dim..(k + 1) * dim];
+                row.iter_mut().zip(zi).for_each(|(w, a)| *w += g * a);
+            }
+        }
+        gw.iter_mut()
+            .zip(&model.weight)
+            .for_each(|(g, w)| *g += options.l2 * w);
+        adam_w.step(&mut model.weight, &gw, options.lr);
+        adam_b.step(&mut model.bias, &gb, options.lr);
+    }
+    model
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,33 +651,7 @@ mod tests {
         };
         let fitted = Softmax::fit(&x, &y, classes, &options, None, |_| {}).unwrap();
         // The same steps taken densely, from the fitted scale.
-        let mut model = Softmax {
-            weight: vec![0.0; classes * dim],
-            bias: vec![0.0; classes],
-            ..fitted.clone()
-        };
-        let z: Vec<Vec<f32>> = x.iter().map(|v| model.standardised(v)).collect();
-        let (mut adam_w, mut adam_b) = (Adam::new(classes * dim), Adam::new(classes));
-        for _ in 0..options.max_epochs {
-            let mut gw = vec![0f32; classes * dim];
-            let mut gb = vec![0f32; classes];
-            for (zi, &yi) in z.iter().zip(&y) {
-                let mut lp = model.fitted_logits_z(zi);
-                log_softmax(&mut lp);
-                for k in 0..classes {
-                    let g = (lp[k].exp() - f32::from(k == yi)) / n as f32;
-                    gb[k] += g;
-                    for j in 0..dim {
-                        gw[k * dim + j] += g * zi[j];
-                    }
-                }
-            }
-            for (g, w) in gw.iter_mut().zip(&model.weight) {
-                *g += options.l2 * w;
-            }
-            adam_w.step(&mut model.weight, &gw, options.lr);
-            adam_b.step(&mut model.bias, &gb, options.lr);
-        }
+        let model = dense_fit(&x, &y, classes, &options, &fitted);
         for (a, b) in fitted.weight.iter().zip(&model.weight) {
             assert!((a - b).abs() < 1e-4, "{a} against {b}");
         }
