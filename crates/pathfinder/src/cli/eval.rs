@@ -284,24 +284,36 @@ fn store_charts(reports: &[StoreReport]) -> Vec<(&'static str, BarChart)> {
     out
 }
 
-/// Fits the classifier detector on `--train-split` (or `train.jsonl` beside `--split`).
-fn fit_classifier(
+/// The classifier or nearest detector fitted on `--train-split` (or `train.jsonl` beside
+/// `--split`): a policy per investigation.
+fn reference_policy(
     db: &Path,
     args: &EvalArgs,
     catalog: &taxonomy::Catalog,
-) -> Result<::eval::classifier::Classifier> {
+    kind: &Named,
+) -> Result<Box<dyn Fn() -> Box<dyn detect::Policy> + Sync>> {
     let (train, batteries) = train_split(db, args, catalog)?;
-    let fitted = ::eval::classifier::Classifier::fit(&train, &batteries, None, |_| {})?;
-    if let Some(last) = fitted.log.last() {
-        tracing::info!(
-            train = train.len(),
-            epochs = last.epoch,
-            train_nll = last.train_nll,
-            train_top1 = last.train_top1,
-            "classifier fitted"
-        );
-    }
-    Ok(fitted)
+    Ok(match kind {
+        Named::Nearest(k) => {
+            let n = std::sync::Arc::new(::eval::nearest::Nearest::fit(&train, &batteries, *k)?);
+            Box::new(move || n.policy())
+        }
+        Named::Classifier => {
+            let fitted = ::eval::classifier::Classifier::fit(&train, &batteries, None, |_| {})?;
+            if let Some(last) = fitted.log.last() {
+                tracing::info!(
+                    train = train.len(),
+                    epochs = last.epoch,
+                    train_nll = last.train_nll,
+                    train_top1 = last.train_top1,
+                    "classifier fitted"
+                );
+            }
+            let c = std::sync::Arc::new(fitted);
+            Box::new(move || c.policy())
+        }
+        other => bail!("{other:?} is not fitted on a train split"),
+    })
 }
 
 /// The traces of `--train-split` (or `train.jsonl` beside `--split`) that the fitted
@@ -549,37 +561,18 @@ fn run_store(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<Rendere
                         .with_context(|| format!("detector {detector}"))
                     })
                 }
-                Named::Classifier => {
+                Named::Classifier | Named::Nearest(_) => {
                     bar.set_message(format!("{detector}: fitting on the train split"));
-                    fit_classifier(db, args, &catalog).and_then(|c| {
-                        let c = std::sync::Arc::new(c);
+                    reference_policy(db, args, &catalog, kind).and_then(|policy| {
                         store_eval::run_policies_transcribed(
                             db,
                             &traces,
                             detect::Config::default(),
-                            |_| Ok(c.policy()),
+                            |_| Ok(policy()),
                             transcribed,
                         )
                         .map_err(anyhow::Error::from)
                     })
-                }
-                Named::Nearest(k) => {
-                    bar.set_message(format!("{detector}: reading the train split"));
-                    train_split(db, args, &catalog)
-                        .and_then(|(train, batteries)| {
-                            Ok(::eval::nearest::Nearest::fit(&train, &batteries, *k)?)
-                        })
-                        .and_then(|n| {
-                            let n = std::sync::Arc::new(n);
-                            store_eval::run_policies_transcribed(
-                                db,
-                                &traces,
-                                detect::Config::default(),
-                                |_| Ok(n.policy()),
-                                transcribed,
-                            )
-                            .map_err(anyhow::Error::from)
-                        })
                 }
                 Named::Checkpoint(dir) => {
                     bar.set_message(format!("{detector}: loading the checkpoint"));

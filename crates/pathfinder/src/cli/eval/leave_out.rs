@@ -31,16 +31,54 @@ use super::EvalArgs;
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Builtin(String),
+    /// A reader of the probe digests fitted on each fold's train traces.
+    Reference(Reference),
+    WarmStart(PathBuf),
+}
+
+/// The non-LM references: what they read is the same (the probe battery of every trace, read
+/// once), what they fit on a fold's train traces differs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reference {
     /// The linear reader of the digests' terms; with `terms_in` ≥ 2, of the terms the train
     /// traces of at least that many frameworks print (`classifier:frameworks=K`).
-    Classifier {
-        terms_in: usize,
-    },
+    Classifier { terms_in: usize },
     /// The k train traces with the most similar digests vote (`nearest`, `nearest:k=K`).
-    Nearest {
-        k: usize,
-    },
-    WarmStart(PathBuf),
+    Nearest { k: usize },
+}
+
+impl Reference {
+    /// Fitted on `train` (whose batteries are `b`), a policy per investigation.
+    fn fit(
+        self,
+        train: &[Labelled],
+        b: &[Vec<detect::probes::ProbeResult>],
+    ) -> Result<Box<dyn Fn() -> Box<dyn detect::Policy> + Sync>> {
+        Ok(match self {
+            Reference::Classifier { terms_in } => {
+                let keep = rl::head::term_filter(train, b, terms_in);
+                let c = Arc::new(::eval::classifier::Classifier::fit_on_terms(
+                    train,
+                    b,
+                    None,
+                    keep.as_ref(),
+                    |_| {},
+                )?);
+                Box::new(move || c.policy())
+            }
+            Reference::Nearest { k } => {
+                let n = Arc::new(::eval::nearest::Nearest::fit(train, b, k)?);
+                Box::new(move || n.policy())
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Reference::Classifier { .. } => "classifier",
+            Reference::Nearest { .. } => "nearest",
+        }
+    }
 }
 
 impl Kind {
@@ -57,19 +95,19 @@ impl Kind {
             let terms_in = k.parse().ok().filter(|k| *k >= 1).with_context(|| {
                 format!("detector `{name}`: expected classifier:frameworks=K with K a count of frameworks (1 or more)")
             })?;
-            return Ok(Kind::Classifier { terms_in });
+            return Ok(Kind::Reference(Reference::Classifier { terms_in }));
         }
         if let Some(k) = name.strip_prefix("nearest:k=") {
             let k = k.parse().ok().filter(|k| *k >= 1).with_context(|| {
                 format!("detector `{name}`: expected nearest:k=K with K a count of neighbours (1 or more)")
             })?;
-            return Ok(Kind::Nearest { k });
+            return Ok(Kind::Reference(Reference::Nearest { k }));
         }
         match name {
-            "classifier" => Ok(Kind::Classifier { terms_in: 1 }),
-            "nearest" => Ok(Kind::Nearest {
+            "classifier" => Ok(Kind::Reference(Reference::Classifier { terms_in: 1 })),
+            "nearest" => Ok(Kind::Reference(Reference::Nearest {
                 k: ::eval::nearest::DEFAULT_K,
-            }),
+            })),
             n if store_eval::DETECTORS.contains(&n) => Ok(Kind::Builtin(n.into())),
             n => bail!(
                 "detector `{n}` cannot be scored with --leave-out: expected {}, classifier, classifier:frameworks=K, nearest, nearest:k=K or warm-start:CONFIG (a fixed checkpoint was fitted on every framework, so nothing of it is left out)",
@@ -269,7 +307,7 @@ pub fn run(db: &Path, args: &EvalArgs, bootstrap: Bootstrap) -> Result<(String, 
                     features,
                     ..
                 } => write_head_inputs(path, read, batteries, Some(features))?,
-                Fitted::Classifier { batteries, .. } | Fitted::Nearest { batteries, .. } => {
+                Fitted::Reference { batteries, .. } => {
                     write_head_inputs(path, read, batteries, None)?
                 }
                 Fitted::Builtin { .. } => {}
@@ -425,12 +463,8 @@ enum Fitted<'a> {
         /// Cases by trace: a detector that fits nothing answers each trace once.
         cases: HashMap<String, Case>,
     },
-    Classifier {
-        terms_in: usize,
-        batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
-    },
-    Nearest {
-        k: usize,
+    Reference {
+        reference: Reference,
         batteries: HashMap<String, Vec<detect::probes::ProbeResult>>,
     },
     WarmStart {
@@ -473,21 +507,10 @@ impl<'a> Fitted<'a> {
                     cases: cases.into_iter().map(|c| (c.trace_id.clone(), c)).collect(),
                 })
             }
-            Kind::Classifier { terms_in } => {
+            Kind::Reference(reference) => {
                 let batteries = ::eval::classifier::battery(db, &everything)?;
-                Ok(Fitted::Classifier {
-                    terms_in: *terms_in,
-                    batteries: everything
-                        .iter()
-                        .map(|t| t.trace_id.clone())
-                        .zip(batteries)
-                        .collect(),
-                })
-            }
-            Kind::Nearest { k } => {
-                let batteries = ::eval::classifier::battery(db, &everything)?;
-                Ok(Fitted::Nearest {
-                    k: *k,
+                Ok(Fitted::Reference {
+                    reference: *reference,
                     batteries: everything
                         .iter()
                         .map(|t| t.trace_id.clone())
@@ -575,45 +598,24 @@ impl<'a> Fitted<'a> {
                         .with_context(|| format!("{name}: no case for trace {}", t.trace_id))
                 })
                 .collect(),
-            Fitted::Classifier {
-                terms_in,
+            Fitted::Reference {
+                reference,
                 batteries,
             } => {
                 let b: Vec<_> = train
                     .iter()
                     .map(|t| batteries[&t.trace_id].clone())
                     .collect();
-                let keep = rl::head::term_filter(train, &b, *terms_in);
-                let c = Arc::new(::eval::classifier::Classifier::fit_on_terms(
-                    train,
-                    &b,
-                    None,
-                    keep.as_ref(),
-                    |_| {},
-                )?);
-                let bar = progress(scored.len(), &format!("classifier without {framework}"));
+                let policy = reference.fit(train, &b)?;
+                let bar = progress(
+                    scored.len(),
+                    &format!("{} without {framework}", reference.name()),
+                );
                 let cases = store_eval::run_policies_transcribed(
                     db,
                     scored,
                     detect::Config::default(),
-                    |_| Ok(c.policy()),
-                    |_, _| bar.inc(1),
-                )?;
-                bar.finish_and_clear();
-                Ok(cases)
-            }
-            Fitted::Nearest { k, batteries } => {
-                let b: Vec<_> = train
-                    .iter()
-                    .map(|t| batteries[&t.trace_id].clone())
-                    .collect();
-                let n = Arc::new(::eval::nearest::Nearest::fit(train, &b, *k)?);
-                let bar = progress(scored.len(), &format!("nearest without {framework}"));
-                let cases = store_eval::run_policies_transcribed(
-                    db,
-                    scored,
-                    detect::Config::default(),
-                    |_| Ok(n.policy()),
+                    |_| Ok(policy()),
                     |_, _| bar.inc(1),
                 )?;
                 bar.finish_and_clear();
